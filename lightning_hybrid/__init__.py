@@ -1,0 +1,28 @@
+"""Hybrid predictive training for PyTorch Lightning."""
+
+from lightning_hybrid.callbacks import (
+    DivergenceMonitor,
+    DynamicsPredictor,
+    HybridScheduler,
+    ResidualCorrector,
+    hybrid_callbacks,
+)
+from lightning_hybrid.config import HybridConfig
+from lightning_hybrid.phase import Phase
+from lightning_hybrid.strategy import HybridDDPStrategy, HybridPredictStrategy, register_strategies
+
+register_strategies()
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DivergenceMonitor",
+    "DynamicsPredictor",
+    "HybridConfig",
+    "HybridDDPStrategy",
+    "HybridPredictStrategy",
+    "HybridScheduler",
+    "Phase",
+    "ResidualCorrector",
+    "hybrid_callbacks",
+]

@@ -1,0 +1,79 @@
+"""The hybrid callbacks and :func:`hybrid_callbacks`, which builds the default set."""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import fields
+from typing import Any
+
+from lightning.pytorch.callbacks import Callback
+
+from lightning_hybrid.callbacks.base import HybridComponent
+from lightning_hybrid.callbacks.corrector import ResidualCorrector
+from lightning_hybrid.callbacks.monitor import DivergenceMonitor
+from lightning_hybrid.callbacks.predictor import DynamicsPredictor
+from lightning_hybrid.callbacks.scheduler import HybridScheduler
+from lightning_hybrid.config import HybridConfig
+from lightning_hybrid.predictors import PREDICTORS
+from lightning_hybrid.validation import check_choice
+
+
+def _settings_of(cls: type) -> set[str]:
+    return {name for name in inspect.signature(cls.__init__).parameters if name not in ("self", "args", "kwargs")}
+
+
+def hybrid_callbacks(
+    predictor: str = "linear",
+    warmup_steps: int = 100,
+    full_steps: int = 20,
+    max_predict_steps: int = 10,
+    confidence_threshold: float = 0.5,
+    predict_forward_every: int = 1,
+    correction_steps: int = 5,
+    **more: Any,
+) -> list[Callback]:
+    """The callbacks hybrid training needs, with settings applied.
+
+    The named arguments are the phase settings (see :class:`HybridConfig`). Any other keyword goes to the
+    component that owns a setting of that name: :class:`HybridConfig`, :class:`DivergenceMonitor`,
+    :class:`ResidualCorrector`, or the chosen predictor (e.g. ``decay`` of ``linear``). Unknown names raise.
+    """
+    check_choice("hybrid_callbacks", "predictor", predictor, PREDICTORS)
+    owners: dict[str, dict[str, Any]] = {"config": {}, "monitor": {}, "corrector": {}, "predictor": {}}
+    known = {
+        "config": {f.name for f in fields(HybridConfig)},
+        "monitor": _settings_of(DivergenceMonitor),
+        "corrector": _settings_of(ResidualCorrector),
+        "predictor": _settings_of(PREDICTORS[predictor]),
+    }
+    for name, value in more.items():
+        owner = next((o for o, names in known.items() if name in names), None)
+        if owner is None:
+            allowed = sorted(set().union(*known.values()))
+            raise TypeError(f"hybrid_callbacks: unknown setting {name!r}; known settings: {', '.join(allowed)}")
+        owners[owner][name] = value
+    config = HybridConfig(
+        warmup_steps=warmup_steps,
+        full_steps=full_steps,
+        max_predict_steps=max_predict_steps,
+        confidence_threshold=confidence_threshold,
+        predict_forward_every=predict_forward_every,
+        correction_steps=correction_steps,
+        **owners["config"],
+    )
+    return [
+        HybridScheduler(config),
+        DynamicsPredictor(predictor, predictor_kwargs=owners["predictor"]),
+        ResidualCorrector(**owners["corrector"]),
+        DivergenceMonitor(**owners["monitor"]),
+    ]
+
+
+__all__ = [
+    "DivergenceMonitor",
+    "DynamicsPredictor",
+    "HybridComponent",
+    "HybridScheduler",
+    "ResidualCorrector",
+    "hybrid_callbacks",
+]

@@ -1,0 +1,36 @@
+"""DynamicsPredictor: hosts the predictor so Lightning checkpoints its state with the run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning_hybrid.callbacks.base import HybridComponent
+from lightning_hybrid.predictors import PREDICTORS, Predictor, build_predictor
+
+
+class DynamicsPredictor(HybridComponent):
+    """Holds the dynamics model that learns how the weights move.
+
+    Args:
+        predictor: a registered name (one of ``lightning_hybrid.predictors.PREDICTORS``) or a
+            :class:`~lightning_hybrid.predictors.Predictor` instance.
+        predictor_kwargs: settings of the named predictor (ignored for an instance).
+    """
+
+    def __init__(self, predictor: str | Predictor = "linear", predictor_kwargs: dict[str, Any] | None = None) -> None:
+        if isinstance(predictor, Predictor):
+            self.predictor = predictor
+        else:
+            self.predictor = build_predictor(predictor, **(predictor_kwargs or {}))
+        self.name = self.predictor.name
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "predictor": self.predictor.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["name"] != self.name:
+            raise ValueError(
+                f"DynamicsPredictor: the checkpoint holds a {state['name']!r} predictor but this run uses "
+                f"{self.name!r}; resume with `predictor={state['name']!r}` (known: {sorted(PREDICTORS)})"
+            )
+        self.predictor.load_state_dict(state["predictor"])

@@ -1,0 +1,495 @@
+"""HybridScheduler: the phase engine behind the hybrid strategy.
+
+The strategy hands each training step, backward and optimizer step to this callback, which decides what the
+step does: an ordinary step (guarded against non-finite losses, with the actual update captured for the
+predictor) or a predicted step (no backward, update applied in place, watched by the divergence monitor).
+Living in a callback, all of its state is checkpointed by Lightning, so a run resumed in any phase continues
+exactly as the uninterrupted run would.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from torch import Tensor
+from torch.optim import Optimizer
+
+from lightning_hybrid.callbacks.base import HybridComponent
+from lightning_hybrid.callbacks.corrector import ResidualCorrector
+from lightning_hybrid.callbacks.monitor import DivergenceMonitor
+from lightning_hybrid.callbacks.predictor import DynamicsPredictor
+from lightning_hybrid.config import HybridConfig
+from lightning_hybrid.phase import Phase
+from lightning_hybrid.predictors import Plan
+from lightning_hybrid.summary import RunCounters, format_summary
+
+SUMMARY_FILENAME = "hybrid_summary.json"
+
+
+def _loss_of(output: Any) -> Tensor | None:
+    """The loss inside a ``training_step`` output (a tensor, a dict with ``"loss"``, or ``None``)."""
+    if isinstance(output, Mapping):
+        output = output.get("loss")
+    return output.detach().float() if isinstance(output, Tensor) else None
+
+
+class HybridScheduler(HybridComponent):
+    """Runs the Warmup → Full → Predict → Correct cycle and owns the rollback snapshot and run summary.
+
+    Args:
+        config: the phase settings; alternatively pass them as keyword arguments (see :class:`HybridConfig`).
+        summary_filename: name of the JSON summary written into ``trainer.log_dir`` at the end of ``fit``.
+    """
+
+    def __init__(
+        self, config: HybridConfig | None = None, summary_filename: str = SUMMARY_FILENAME, **settings: Any
+    ) -> None:
+        if config is not None and settings:
+            raise ValueError(f"HybridScheduler: pass either `config` or settings, not both (got {sorted(settings)})")
+        self.config = config if config is not None else HybridConfig(**settings)
+        self.summary_filename = summary_filename
+        self.counters = RunCounters()
+        self.phase = Phase.WARMUP if self.config.warmup_steps > 0 else Phase.FULL
+        self._phase_step = 0
+        self._plan: Plan | None = None
+        self._segment_pos = 0
+        self._snapshot_alive = False
+        self._horizon_cap = self.config.max_predict_steps
+        self._consecutive_rollbacks = 0
+        self._prediction_off = False
+        self._lr_ref: list[float] = []
+        self._pending_snapshot: list[Tensor] | None = None
+        self._components: dict[type, HybridComponent] = {}
+        # run wiring, set in setup / on_train_start
+        self._strategy: pl.strategies.Strategy | None = None
+        self._optimizer: Optimizer | None = None
+        self._groups: list[list[Tensor]] = []
+        self._group_index: list[int] = []
+        self._params: list[Tensor] = []
+        self._buffer: list[Tensor] = []
+        self._buffer_groups: list[list[Tensor]] = []
+        self._hooks: list[Any] = []
+        self._automatic = True
+        self._scaler: Any = None
+        self._last_global_step = 0
+        self._wall_base = 0.0
+        self._wall_t0 = 0.0
+        self._reset_step()
+
+    # ------------------------------------------------------------------------------------------------ wiring
+    @property
+    def predictor(self) -> DynamicsPredictor:
+        return self._components[DynamicsPredictor]
+
+    @property
+    def corrector(self) -> ResidualCorrector:
+        return self._components[ResidualCorrector]
+
+    @property
+    def monitor(self) -> DivergenceMonitor:
+        return self._components[DivergenceMonitor]
+
+    @property
+    def predicting(self) -> bool:
+        return self.phase is Phase.PREDICT
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if stage != "fit":
+            return
+        found = {type(cb): cb for cb in trainer.callbacks if isinstance(cb, HybridComponent)}
+        self._components = {}
+        for kind in (DynamicsPredictor, ResidualCorrector, DivergenceMonitor):
+            matches = [cb for cb in trainer.callbacks if isinstance(cb, kind)]
+            if len(matches) != 1:
+                raise MisconfigurationException(
+                    f"HybridScheduler needs exactly one {kind.__name__} callback, found {len(matches)} "
+                    f"(callbacks: {sorted(t.__name__ for t in found)}). Use `callbacks=hybrid_callbacks(...)`."
+                )
+            self._components[kind] = matches[0]
+        if not any(p.requires_grad for p in pl_module.parameters()):
+            raise ValueError(
+                f"{type(pl_module).__name__} has no trainable parameters (none with requires_grad=True); "
+                "hybrid training needs at least one."
+            )
+        self._strategy = trainer.strategy
+        trainer.strategy.attach_scheduler(self)
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if len(trainer.optimizers) != 1:
+            raise MisconfigurationException(
+                f"Hybrid training supports exactly one optimizer (several param groups are fine); "
+                f"`configure_optimizers` returned {len(trainer.optimizers)}."
+            )
+        optimizer = trainer.optimizers[0]
+        groups = [[p for p in group["params"] if p.requires_grad] for group in optimizer.param_groups]
+        self._group_index = [i for i, group in enumerate(groups) if group]
+        self._groups = [groups[i] for i in self._group_index]
+        if not self._groups:
+            raise ValueError("The optimizer holds no trainable parameters; hybrid training needs at least one.")
+        self._optimizer = optimizer
+        self._params = [p for group in self._groups for p in group]
+        self._buffer = [torch.empty_like(p) for p in self._params]
+        sizes = [len(group) for group in self._groups]
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        self._buffer_groups = [self._buffer[s : s + n] for s, n in zip(starts, sizes)]
+        if self._pending_snapshot is not None:
+            self._copy(self._buffer, [t.to(b.device) for t, b in zip(self._pending_snapshot, self._buffer)])
+            self._pending_snapshot = None
+        self.predictor.predictor.setup(self._groups)
+        if not self._lr_ref:
+            self._lr_ref = self._current_lrs()
+        self._hooks = [
+            optimizer.register_step_pre_hook(self._before_optimizer_step),
+            optimizer.register_step_post_hook(self._after_optimizer_step),
+        ]
+        self._automatic = pl_module.automatic_optimization
+        self._scaler = getattr(trainer.precision_plugin, "scaler", None)
+        self._last_global_step = trainer.global_step
+        self._wall_t0 = time.perf_counter()
+        self._reset_step()
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.counters.wall_time_s = self._wall_time()
+        self._wall_base, self._wall_t0 = self.counters.wall_time_s, time.perf_counter()
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        summary = self.summary()
+        if trainer.is_global_zero:
+            directory = trainer.log_dir or trainer.default_root_dir
+            os.makedirs(directory, exist_ok=True)
+            with open(os.path.join(directory, self.summary_filename), "w") as f:
+                json.dump(summary, f, indent=2)
+        rank_zero_info(format_summary(summary))
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks, self._buffer, self._buffer_groups = [], [], []
+        self._groups, self._params, self._optimizer = [], [], None
+        if stage == "fit" and self._strategy is not None:
+            self._strategy.attach_scheduler(None)
+            self._strategy = None
+
+    # ----------------------------------------------------------------------------------- called by strategy
+    def predicted_training_step(self, run: Callable[[], Any]) -> Any:
+        """``training_step`` during Predict: a ``no_grad`` forward when one is due, otherwise none at all."""
+        if self._automatic and not self._forward_now:
+            # Lightning needs a tensor (``None`` is refused under DDP): hand it the predicted loss.
+            return torch.tensor(self._plan.loss[self._segment_pos], device=self._strategy.root_device)
+        with torch.no_grad():
+            output = run()
+        if self._automatic:
+            self._forward_loss = _loss_of(output)
+        return output
+
+    def record_loss(self, loss: Tensor) -> None:
+        """Loss passed to ``backward`` (summed over accumulated micro-batches)."""
+        loss = loss.detach().float()
+        if self.predicting:
+            if not self._automatic:  # automatic Predict steps record their loss in `predicted_training_step`
+                self._forward_loss = loss if self._forward_loss is None else self._forward_loss + loss
+        else:
+            self._loss_sum = loss if self._loss_sum is None else self._loss_sum + loss
+            self.counters.backward_passes += 1
+
+    def guard(self, optimizer: Optimizer, closure: Callable[[], Any]) -> Callable[[], Any]:
+        """Wrap an ordinary step's closure so a non-finite loss or gradient never reaches the weights."""
+
+        def guarded() -> Any:
+            output = closure()
+            self._check_ordinary_step(optimizer)
+            return output
+
+        return guarded
+
+    def predict_step(self, closure: Callable[[], Any]) -> Any:
+        """One predicted optimizer step: optional forward check, then the predicted update in place."""
+        h = self._segment_pos
+        self._step_predicted_loss = self._plan.loss[h]
+        every = self.config.predict_forward_every
+        self._forward_now = every > 0 and h > 0 and h % every == 0
+        try:
+            with torch.no_grad():
+                output = closure()
+        finally:
+            self._forward_now = False
+        if self._forward_loss is not None:
+            self._step_loss = self._reduce([self._forward_loss])[0]
+            reason = self.monitor.check(self._step_loss, self._plan.loss_upper[h])
+            if reason is not None:
+                self._rollback(reason)
+                return output
+        self._apply_prediction(h)
+        self._segment_pos += 1
+        return output
+
+    # ----------------------------------------------------------------------------------------- step logic
+    def _reset_step(self) -> None:
+        self._in_step = False
+        self._step_phase = self.phase
+        self._t0 = 0.0
+        self._loss_sum: Tensor | None = None
+        self._forward_loss: Tensor | None = None
+        self._forward_now = False
+        self._capture = False
+        self._delta_ready = False
+        self._skipped = False
+        self._step_loss = math.nan
+        self._step_predicted_loss = math.nan
+        self._grad_norm = math.nan
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, idx: int) -> None:
+        if self._in_step:
+            return  # another micro-batch of an accumulated step
+        self._reset_step()
+        self._in_step = True
+        self._t0 = time.perf_counter()
+        self._capture = self.phase.ordinary and not self._snapshot_alive
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
+    ) -> None:
+        if self._step_phase is Phase.PREDICT:
+            self.counters.backward_skipped += 1
+        if trainer.global_step == self._last_global_step:
+            return  # accumulating: the optimizer has not stepped yet
+        self._last_global_step = trainer.global_step
+        self._end_step(trainer)
+        self._in_step = False
+
+    def _before_optimizer_step(self, optimizer: Optimizer, args: Any, kwargs: Any) -> None:
+        if self._capture:
+            self._copy(self._buffer, self._params)
+
+    def _after_optimizer_step(self, optimizer: Optimizer, args: Any, kwargs: Any) -> None:
+        if self._capture:
+            with torch.no_grad():
+                torch._foreach_sub_(self._buffer, self._params)
+                torch._foreach_neg_(self._buffer)  # buffer := new - old
+            self._delta_ready = True
+
+    def _check_ordinary_step(self, optimizer: Optimizer) -> None:
+        grads = [p.grad for p in self._params if p.grad is not None]
+        if self._loss_sum is None and not grads:
+            self._skipped = True  # the user's training_step skipped this batch
+            return
+        device = self._strategy.root_device
+        loss = self._loss_sum if self._loss_sum is not None else torch.full((), math.nan, device=device)
+        grad_norm = torch.stack(torch._foreach_norm(grads)).float().norm() if grads else torch.zeros((), device=device)
+        bad = (~torch.isfinite(loss) | ~torch.isfinite(grad_norm)).float()
+        loss_v, bad_v, grad_norm_v = self._reduce([loss, bad.to(device), grad_norm.to(device)])
+        if self._scaler is not None:
+            grad_norm_v /= float(self._scaler.get_scale())
+        self._step_loss, self._grad_norm = loss_v, grad_norm_v
+        if self._snapshot_alive:  # first Correct step: the loss at the segment's final weights verifies it
+            reason = self.monitor.check(loss_v if bad_v == 0 else math.nan, self._plan.loss_upper[-1])
+            if reason is not None:
+                self._skip_update(optimizer, grads)
+                self._rollback(reason)
+                return
+            self._accept_segment()
+        if bad_v > 0:
+            self._skip_update(optimizer, grads)
+            self.counters.nonfinite_steps_skipped += 1
+
+    def _skip_update(self, optimizer: Optimizer, grads: list[Tensor]) -> None:
+        """Make the coming ``optimizer.step`` a no-op."""
+        self._skipped = True
+        if self._scaler is not None:
+            torch._foreach_mul_(grads, math.nan)  # the scaler skips steps with non-finite gradients
+        else:
+            optimizer.zero_grad(set_to_none=True)  # optimizers skip parameters without gradients
+
+    def _end_step(self, trainer: pl.Trainer) -> None:
+        phase = self._step_phase
+        self.counters.steps_by_phase[phase.label] += 1
+        self.counters.time_by_phase_s[phase.label] += time.perf_counter() - self._t0
+        step = trainer.global_step
+        predicted_loss = self._step_predicted_loss
+        if phase.ordinary and not self._skipped and math.isfinite(self._step_loss):
+            loss = self._step_loss
+            if phase is not Phase.CORRECT:
+                self.monitor.observe(loss, self._grad_norm)
+            deltas = self._buffer_groups if self._delta_ready else None
+            stats = self.predictor.predictor.observe(step, loss, deltas)
+            self._lr_ref = self._current_lrs()
+            if stats is not None:
+                predicted_loss = stats.predicted_loss
+                if phase is Phase.CORRECT:
+                    self.corrector.observe(step, stats, self.monitor.loss_stats.std)
+        if self.phase is phase and phase.ordinary:
+            self._phase_step += 1
+        self._advance()
+        self._log(trainer, phase, predicted_loss)
+
+    def _advance(self) -> None:
+        cfg = self.config
+        if self.phase is Phase.WARMUP and self._phase_step >= cfg.warmup_steps:
+            self._enter(Phase.FULL)
+        elif self.phase is Phase.FULL and self._phase_step >= cfg.full_steps:
+            self._try_start_segment()
+        elif self.phase is Phase.PREDICT and self._segment_pos >= self._plan.horizon:
+            self._enter(Phase.CORRECT)
+        elif self.phase is Phase.CORRECT and self._phase_step >= cfg.correction_steps:
+            self._enter(Phase.FULL)
+
+    def _enter(self, phase: Phase) -> None:
+        self.phase = phase
+        self._phase_step = 0
+
+    def _try_start_segment(self) -> None:
+        self._phase_step = 0  # another Full cycle unless a segment starts
+        cfg = self.config
+        predictor = self.predictor.predictor
+        if not cfg.enable_prediction or self._prediction_off or not predictor.ready:
+            return
+        confidence = predictor.confidence()
+        if confidence < cfg.confidence_threshold:
+            return
+        horizon = min(self._horizon_cap, max(1, round(confidence * cfg.max_predict_steps)))
+        plan = self.corrector.correct(predictor.plan(horizon))
+        if not self._plan_is_valid(plan, predictor.directions()):
+            self.counters.invalid_plans += 1
+            self._count_failed_segment()
+            return
+        self._copy(self._buffer, self._params)  # the rollback snapshot
+        self._snapshot_alive = True
+        self._plan = plan
+        self._segment_pos = 0
+        self.counters.segments_started += 1
+        self.monitor.start_segment()
+        self._enter(Phase.PREDICT)
+
+    def _plan_is_valid(self, plan: Plan, directions: Any) -> bool:
+        if plan.horizon < 1 or not plan.is_finite() or len(plan.loss_upper) != plan.horizon + 1:
+            return False
+        if len(directions) != len(self._groups) or any(len(row) != len(self._groups) for row in plan.scales):
+            return False
+        for group, dirs in zip(self._groups, directions):
+            if [tuple(p.shape) for p in group] != [tuple(d.shape) for d in dirs]:
+                return False
+        norms = torch.stack([torch.stack(torch._foreach_norm(list(d))).float().sum() for d in directions])
+        return bool(torch.isfinite(norms).all())
+
+    def _apply_prediction(self, h: int) -> None:
+        lrs = self._current_lrs()
+        with torch.no_grad():
+            for g, (params, directions) in enumerate(zip(self._groups, self.predictor.predictor.directions())):
+                ratio = lrs[g] / self._lr_ref[g] if self._lr_ref[g] > 0 else 0.0
+                alpha = self._plan.scales[h][g] * ratio
+                if alpha != 0.0:
+                    torch._foreach_add_(params, list(directions), alpha=alpha)
+
+    def _rollback(self, reason: str) -> None:
+        self._copy(self._params, self._buffer)
+        self._snapshot_alive = False
+        self.counters.rollbacks += 1
+        self.counters.predicted_steps_rolled_back += self._segment_pos
+        self._count_failed_segment()
+        rank_zero_info(f"hybrid: rolled back a predicted segment after {self._segment_pos} steps ({reason})")
+        self._enter(Phase.FULL)
+
+    def _count_failed_segment(self) -> None:
+        self._consecutive_rollbacks += 1
+        self._horizon_cap = max(1, self._horizon_cap // 2)
+        if self._consecutive_rollbacks >= self.config.max_consecutive_rollbacks and not self._prediction_off:
+            self._prediction_off = True
+            rank_zero_warn(
+                f"hybrid: {self._consecutive_rollbacks} predicted segments failed in a row; prediction is off for "
+                "the rest of this run, which continues as plain training."
+            )
+
+    def _accept_segment(self) -> None:
+        self._snapshot_alive = False
+        self._consecutive_rollbacks = 0
+        self._horizon_cap = min(self.config.max_predict_steps, self._horizon_cap * 2)
+        self.counters.segments_accepted += 1
+
+    # -------------------------------------------------------------------------------------------- helpers
+    @staticmethod
+    def _copy(dst: list[Tensor], src: list[Tensor]) -> None:
+        with torch.no_grad():
+            torch._foreach_copy_(dst, src)
+
+    def _reduce(self, values: list[Tensor]) -> list[float]:
+        """Average scalars over ranks (identity on one device), so every rank takes the same decision."""
+        device = self._strategy.root_device
+        stacked = torch.stack([v.to(device=device, dtype=torch.float32) for v in values])
+        return self._strategy.reduce(stacked, reduce_op="mean").tolist()
+
+    def _current_lrs(self) -> list[float]:
+        groups = self._optimizer.param_groups
+        return [float(groups[i]["lr"]) for i in self._group_index]
+
+    def _wall_time(self) -> float:
+        return self._wall_base + (time.perf_counter() - self._wall_t0 if self._wall_t0 else 0.0)
+
+    def _log(self, trainer: pl.Trainer, phase: Phase, predicted_loss: float) -> None:
+        metrics = {
+            "hybrid/phase": float(phase),
+            "hybrid/confidence": self.predictor.predictor.confidence(),
+            "hybrid/horizon": float(self._plan.horizon if phase is Phase.PREDICT else 0),
+            "hybrid/rollbacks": float(self.counters.rollbacks),
+            "hybrid/backward_skipped_pct": self.counters.backward_skipped_pct,
+        }
+        if math.isfinite(self._step_loss):
+            metrics["hybrid/loss"] = self._step_loss
+        if math.isfinite(predicted_loss):
+            metrics["hybrid/loss_predicted"] = predicted_loss
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
+
+    def summary(self) -> dict[str, Any]:
+        """Whole-run numbers, as written to ``hybrid_summary.json``."""
+        out = self.counters.summary()
+        out["wall_time_s"] = round(self._wall_time(), 4)
+        out["rollback_reasons"] = {**self.monitor.events, "invalid_plan": self.counters.invalid_plans}
+        out["prediction_disabled"] = self._prediction_off
+        out["predictor"] = self.predictor.name
+        out["final_confidence"] = self.predictor.predictor.confidence()
+        out["config"] = self.config.to_dict()
+        return out
+
+    # ---------------------------------------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        state = {
+            "phase": int(self.phase),
+            "phase_step": self._phase_step,
+            "plan": self._plan.to_dict() if self._plan is not None else None,
+            "segment_pos": self._segment_pos,
+            "horizon_cap": self._horizon_cap,
+            "consecutive_rollbacks": self._consecutive_rollbacks,
+            "prediction_off": self._prediction_off,
+            "lr_ref": list(self._lr_ref),
+            "counters": self.counters.to_dict(),
+            "wall_time_s": self._wall_time(),
+            "snapshot": None,
+        }
+        if self._snapshot_alive:
+            state["snapshot"] = [t.detach().to("cpu", copy=True) for t in self._buffer]
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.phase = Phase(state["phase"])
+        self._phase_step = int(state["phase_step"])
+        self._plan = Plan.from_dict(state["plan"]) if state["plan"] is not None else None
+        self._segment_pos = int(state["segment_pos"])
+        self._horizon_cap = int(state["horizon_cap"])
+        self._consecutive_rollbacks = int(state["consecutive_rollbacks"])
+        self._prediction_off = bool(state["prediction_off"])
+        self._lr_ref = [float(v) for v in state["lr_ref"]]
+        self.counters = RunCounters()
+        self.counters.load(state["counters"])
+        self._wall_base, self._wall_t0 = float(state["wall_time_s"]), 0.0
+        self._snapshot_alive = state["snapshot"] is not None
+        self._pending_snapshot = state["snapshot"]

@@ -1,0 +1,50 @@
+"""Phase-cycle settings of the :class:`~lightning_hybrid.HybridScheduler`."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from lightning_hybrid.validation import check_float, check_int
+
+
+@dataclass
+class HybridConfig:
+    """How long each phase lasts and when prediction is allowed.
+
+    Args:
+        warmup_steps: ordinary steps at the start of training that only collect statistics.
+        full_steps: ordinary steps per cycle during which the predictor learns before a Predict segment.
+        max_predict_steps: longest Predict segment (horizon) in optimizer steps.
+        confidence_threshold: the predictor's confidence, in ``[0, 1]``, needed to enter Predict.
+        predict_forward_every: run a ``no_grad`` forward pass every this many predicted steps to feed the
+            divergence monitor; ``0`` never does (the first Correct step still verifies the segment).
+        correction_steps: ordinary steps after each Predict segment; the first one verifies the segment.
+        max_consecutive_rollbacks: after this many rollbacks in a row prediction is switched off for the run.
+        enable_prediction: ``False`` runs the plugin as plain training (statistics and logging only),
+            which is the baseline for overhead measurements.
+    """
+
+    warmup_steps: int = 100
+    full_steps: int = 20
+    max_predict_steps: int = 10
+    confidence_threshold: float = 0.5
+    predict_forward_every: int = 1
+    correction_steps: int = 5
+    max_consecutive_rollbacks: int = 5
+    enable_prediction: bool = True
+
+    def __post_init__(self) -> None:
+        owner = "HybridConfig"
+        check_int(owner, "warmup_steps", self.warmup_steps)
+        check_int(owner, "full_steps", self.full_steps, 1)
+        check_int(owner, "max_predict_steps", self.max_predict_steps, 1 if self.enable_prediction else 0)
+        check_float(owner, "confidence_threshold", self.confidence_threshold, 0.0, 1.0)
+        check_int(owner, "predict_forward_every", self.predict_forward_every)
+        check_int(owner, "correction_steps", self.correction_steps, 1)
+        check_int(owner, "max_consecutive_rollbacks", self.max_consecutive_rollbacks, 1)
+        if not isinstance(self.enable_prediction, bool):
+            raise ValueError(f"{owner}: `enable_prediction` must be True or False, got {self.enable_prediction!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

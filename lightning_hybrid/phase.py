@@ -1,0 +1,23 @@
+"""The four phases of hybrid predictive training."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class Phase(IntEnum):
+    """Phase codes; the integer is what ``hybrid/phase`` logs."""
+
+    WARMUP = 0
+    FULL = 1
+    PREDICT = 2
+    CORRECT = 3
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+    @property
+    def ordinary(self) -> bool:
+        """Whether steps in this phase run a real backward pass and optimizer step."""
+        return self is not Phase.PREDICT

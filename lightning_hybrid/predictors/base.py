@@ -1,0 +1,111 @@
+"""The contract every dynamics predictor fulfils.
+
+A predictor sees the actual per-step parameter update ``delta`` of ordinary steps and, on request, plans a
+Predict segment: a fixed *direction* tensor per parameter (shared by all steps of the segment, so applying it is
+one fused ``torch._foreach_add_`` per parameter group) and per-step, per-group *scales*, plus the loss trajectory
+it expects with an upper bound the divergence monitor enforces.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar
+
+from torch import Tensor
+
+TensorGroups = Sequence[Sequence[Tensor]]
+
+
+@dataclass
+class Plan:
+    """A planned Predict segment of ``horizon`` steps.
+
+    ``scales[h][g]`` multiplies group ``g``'s direction at predicted step ``h``. ``loss[h]`` and ``loss_upper[h]``
+    are the expected loss and its bound when measured at step ``h`` of the segment, i.e. after ``h`` predicted
+    updates; index ``horizon`` is the first ordinary step after the segment, which verifies it.
+    """
+
+    scales: list[list[float]]
+    loss: list[float]
+    loss_upper: list[float]
+    confidence: float
+
+    @property
+    def horizon(self) -> int:
+        return len(self.scales)
+
+    def is_finite(self) -> bool:
+        values = [v for row in self.scales for v in row] + self.loss + self.loss_upper + [self.confidence]
+        return all(math.isfinite(v) for v in values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, state: dict[str, Any]) -> Plan:
+        return cls(**state)
+
+
+@dataclass
+class UpdateStats:
+    """How well the predictor's one-step prediction ``p`` matched the actual update, per parameter group."""
+
+    actual_sq: list[float]  # ||delta||^2
+    predicted_sq: list[float]  # ||p||^2
+    dot: list[float]  # <delta, p>
+    loss: float
+    predicted_loss: float
+
+    @property
+    def relative_error(self) -> float:
+        """``||delta - p|| / ||delta||`` over all groups."""
+        resid = sum(a - 2 * d + p for a, d, p in zip(self.actual_sq, self.dot, self.predicted_sq))
+        total = sum(self.actual_sq)
+        return math.sqrt(max(resid, 0.0) / total) if total > 0 else 0.0
+
+    def best_scale(self, group: int) -> float:
+        """The multiple of the prediction closest to the actual update (least squares)."""
+        p = self.predicted_sq[group]
+        return self.dot[group] / p if p > 0 else 1.0
+
+
+class Predictor(ABC):
+    """Base class of dynamics predictors; subclasses are registered by their ``name``."""
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def setup(self, params: TensorGroups) -> None:
+        """Allocate state shaped like ``params`` (a list of parameter groups) on their device."""
+
+    @property
+    @abstractmethod
+    def ready(self) -> bool:
+        """Whether enough has been observed to plan a segment."""
+
+    @abstractmethod
+    def confidence(self) -> float:
+        """Current confidence in ``[0, 1]`` that a planned segment will track real training."""
+
+    @abstractmethod
+    def observe(self, step: int, loss: float, deltas: TensorGroups | None) -> UpdateStats | None:
+        """Learn from an ordinary step. ``deltas`` is scratch the predictor may overwrite; ``None`` when only
+        the loss is known. Returns how the previous prediction compared with this update."""
+
+    @abstractmethod
+    def plan(self, horizon: int) -> Plan:
+        """Plan a segment of ``horizon`` steps starting after the last observed step."""
+
+    @abstractmethod
+    def directions(self) -> TensorGroups:
+        """Per-group direction tensors for the planned segment (constant while it runs)."""
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]: ...
+
+    @abstractmethod
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore state; may be called before :meth:`setup`, which then applies it."""

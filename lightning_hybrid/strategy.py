@@ -1,0 +1,114 @@
+"""Hybrid strategies: Lightning's single-device and DDP strategies with the step dispatch routed through the
+:class:`~lightning_hybrid.callbacks.HybridScheduler`."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy, StrategyRegistry
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from torch import Tensor
+from torch.optim import Optimizer
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+    from lightning_hybrid.callbacks.scheduler import HybridScheduler
+
+
+class HybridStrategyMixin:
+    """Overrides ``training_step``, ``backward`` and ``optimizer_step`` of a Lightning strategy.
+
+    Outside ``fit`` (``validate``, ``test``, ``predict``) and without an attached scheduler the strategy behaves
+    exactly like its Lightning parent.
+    """
+
+    _hybrid: HybridScheduler | None = None
+
+    def attach_scheduler(self, scheduler: HybridScheduler | None) -> None:
+        self._hybrid = scheduler
+
+    def setup(self, trainer: pl.Trainer) -> None:
+        if trainer.state.fn == TrainerFn.FITTING and self._hybrid is None:
+            raise MisconfigurationException(
+                f"{type(self).__name__} needs the hybrid callbacks: pass "
+                "`callbacks=hybrid_callbacks()` (from lightning_hybrid) to the Trainer."
+            )
+        super().setup(trainer)
+
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        if self._hybrid is not None and self._hybrid.predicting:
+            return self._hybrid.predicted_training_step(partial(super().training_step, *args, **kwargs))
+        return super().training_step(*args, **kwargs)
+
+    def backward(self, closure_loss: Tensor, optimizer: Optimizer | None, *args: Any, **kwargs: Any) -> Tensor:
+        if self._hybrid is None:
+            return super().backward(closure_loss, optimizer, *args, **kwargs)
+        self._hybrid.record_loss(closure_loss)
+        if self._hybrid.predicting:
+            return closure_loss  # no backward on predicted steps
+        return super().backward(closure_loss, optimizer, *args, **kwargs)
+
+    def optimizer_step(
+        self, optimizer: Optimizer, closure: Callable[[], Any], model: Any = None, **kwargs: Any
+    ) -> Any:
+        if self._hybrid is None:
+            return super().optimizer_step(optimizer, closure, model, **kwargs)
+        if self._hybrid.predicting:
+            return self._hybrid.predict_step(closure)
+        return super().optimizer_step(optimizer, self._hybrid.guard(optimizer, closure), model, **kwargs)
+
+
+class HybridPredictStrategy(HybridStrategyMixin, SingleDeviceStrategy):
+    """Hybrid predictive training on one device (``strategy="hybrid"``).
+
+    Args:
+        device: the device to train on; by default the one the Trainer's ``accelerator``/``devices`` select.
+        **kwargs: passed to :class:`~lightning.pytorch.strategies.SingleDeviceStrategy`.
+    """
+
+    strategy_name = "hybrid"
+
+    def __init__(self, device: str | torch.device | None = None, **kwargs: Any) -> None:
+        super().__init__(device=device if device is not None else "cpu", **kwargs)
+        self._device_given = device is not None
+        # The Trainer's accelerator connector fills this attribute with the devices it selected.
+        self.parallel_devices: list[torch.device] | None = None
+
+    @property
+    def root_device(self) -> torch.device:
+        if not self._device_given and self.parallel_devices:
+            return torch.device(self.parallel_devices[0])
+        return self._root_device
+
+    def setup(self, trainer: pl.Trainer) -> None:
+        if not self._device_given and self.parallel_devices and len(self.parallel_devices) > 1:
+            raise MisconfigurationException(
+                f"HybridPredictStrategy trains on one device but the Trainer selected {len(self.parallel_devices)}; "
+                "use `strategy=\"hybrid_ddp\"` (HybridDDPStrategy) for several."
+            )
+        super().setup(trainer)
+
+
+class HybridDDPStrategy(HybridStrategyMixin, DDPStrategy):
+    """Hybrid predictive training with DistributedDataParallel (``strategy="hybrid_ddp"``).
+
+    Every phase decision uses losses averaged over ranks and gradients DDP has already all-reduced, so all ranks
+    take the same decisions and keep bitwise-identical parameters. Takes the arguments of
+    :class:`~lightning.pytorch.strategies.DDPStrategy`.
+    """
+
+    strategy_name = "hybrid_ddp"
+
+
+def register_strategies() -> None:
+    """Make ``strategy="hybrid"`` and ``strategy="hybrid_ddp"`` available to ``Trainer``."""
+    for cls, description in (
+        (HybridPredictStrategy, "Hybrid predictive training on a single device"),
+        (HybridDDPStrategy, "Hybrid predictive training with DDP"),
+    ):
+        if cls.strategy_name not in StrategyRegistry:
+            StrategyRegistry.register(cls.strategy_name, cls, description=description)

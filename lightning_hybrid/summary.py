@@ -1,0 +1,68 @@
+"""Run counters behind ``hybrid_summary.json`` and the end-of-fit report."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from lightning_hybrid.phase import Phase
+
+
+def _per_phase(value: float) -> dict[str, Any]:
+    return {phase.label: value for phase in Phase}
+
+
+@dataclass
+class RunCounters:
+    """Everything counted over a run; restored from checkpoints so resumed runs report whole-run totals."""
+
+    steps_by_phase: dict[str, int] = field(default_factory=lambda: _per_phase(0))
+    time_by_phase_s: dict[str, float] = field(default_factory=lambda: _per_phase(0.0))
+    backward_passes: int = 0
+    backward_skipped: int = 0
+    rollbacks: int = 0
+    predicted_steps_rolled_back: int = 0
+    segments_started: int = 0
+    segments_accepted: int = 0
+    invalid_plans: int = 0
+    nonfinite_steps_skipped: int = 0
+    wall_time_s: float = 0.0
+
+    @property
+    def steps_total(self) -> int:
+        return sum(self.steps_by_phase.values())
+
+    @property
+    def backward_skipped_pct(self) -> float:
+        total = self.backward_passes + self.backward_skipped
+        return 100.0 * self.backward_skipped / total if total else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def load(self, state: dict[str, Any]) -> None:
+        for key, value in state.items():
+            if hasattr(self, key):
+                setattr(self, key, value)
+
+    def summary(self) -> dict[str, Any]:
+        out = {"steps_total": self.steps_total, "backward_skipped_pct": round(self.backward_skipped_pct, 3)}
+        out.update(self.to_dict())
+        out["time_by_phase_s"] = {k: round(v, 4) for k, v in self.time_by_phase_s.items()}
+        out["wall_time_s"] = round(self.wall_time_s, 4)
+        return out
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """A few human-readable lines for the end of ``fit``."""
+    steps = summary["steps_by_phase"]
+    times = summary["time_by_phase_s"]
+    lines = [
+        f"hybrid: {summary['steps_total']} steps "
+        + ", ".join(f"{k} {v}" for k, v in steps.items())
+        + f" | backward skipped {summary['backward_skipped_pct']:.1f}%",
+        f"hybrid: {summary['rollbacks']} rollbacks of {summary['segments_started']} predict segments"
+        f" | {summary['nonfinite_steps_skipped']} non-finite steps skipped",
+        f"hybrid: wall {summary['wall_time_s']:.1f}s | " + ", ".join(f"{k} {v:.1f}s" for k, v in times.items()),
+    ]
+    return "\n".join(lines)
