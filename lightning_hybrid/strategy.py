@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy, StrategyRegistry
@@ -52,9 +53,7 @@ class HybridStrategyMixin:
             return closure_loss  # no backward on predicted steps
         return super().backward(closure_loss, optimizer, *args, **kwargs)
 
-    def optimizer_step(
-        self, optimizer: Optimizer, closure: Callable[[], Any], model: Any = None, **kwargs: Any
-    ) -> Any:
+    def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any], model: Any = None, **kwargs: Any) -> Any:
         if self._hybrid is None:
             return super().optimizer_step(optimizer, closure, model, **kwargs)
         if self._hybrid.predicting:
@@ -88,7 +87,7 @@ class HybridPredictStrategy(HybridStrategyMixin, SingleDeviceStrategy):
         if not self._device_given and self.parallel_devices and len(self.parallel_devices) > 1:
             raise MisconfigurationException(
                 f"HybridPredictStrategy trains on one device but the Trainer selected {len(self.parallel_devices)}; "
-                "use `strategy=\"hybrid_ddp\"` (HybridDDPStrategy) for several."
+                'use `strategy="hybrid_ddp"` (HybridDDPStrategy) for several.'
             )
         super().setup(trainer)
 

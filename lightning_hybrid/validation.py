@@ -18,7 +18,9 @@ def check_int(owner: str, name: str, value: Any, minimum: int = 0) -> int:
     return value
 
 
-def check_float(owner: str, name: str, value: Any, low: float, high: float = math.inf, *, open_low: bool = False) -> float:
+def check_float(
+    owner: str, name: str, value: Any, low: float, high: float = math.inf, *, open_low: bool = False
+) -> float:
     """A finite number in ``[low, high]`` (or ``(low, high]`` with ``open_low``)."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     ok = ok and (value > low if open_low else value >= low) and value <= high

@@ -16,6 +16,6 @@ class HybridComponent(Callback):
         if stage == "fit" and not isinstance(trainer.strategy, HybridStrategyMixin):
             raise MisconfigurationException(
                 f"{type(self).__name__} needs a hybrid strategy, but the Trainer uses "
-                f"{type(trainer.strategy).__name__}. Pass `strategy=HybridPredictStrategy()` (or `strategy=\"hybrid\"`; "
-                f"`\"hybrid_ddp\"` for several devices) to the Trainer."
+                f"{type(trainer.strategy).__name__}. Pass `strategy=HybridPredictStrategy()` to the Trainer "
+                '(or `strategy="hybrid"`; `"hybrid_ddp"` for several devices).'
             )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from itertools import pairwise
 from typing import Any
 
 from lightning_hybrid.callbacks.base import HybridComponent
@@ -76,8 +77,8 @@ class DivergenceMonitor(HybridComponent):
         if self.oscillation_window == 0 or len(self._segment) <= self.oscillation_window:
             return False
         values = list(self._segment)
-        changes = [b - a for a, b in zip(values, values[1:])]
-        alternating = all(c1 * c2 < 0 for c1, c2 in zip(changes, changes[1:]))
+        changes = [b - a for a, b in pairwise(values)]
+        alternating = all(c1 * c2 < 0 for c1, c2 in pairwise(changes))
         return alternating and all(abs(c) > self.oscillation_sigmas * std for c in changes)
 
     def state_dict(self) -> dict[str, Any]:
