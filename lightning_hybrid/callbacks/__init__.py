@@ -47,11 +47,15 @@ def hybrid_callbacks(
         "predictor": _settings_of(PREDICTORS[predictor]),
     }
     for name, value in more.items():
-        owner = next((o for o, names in known.items() if name in names), None)
-        if owner is None:
+        matches = [o for o, names in known.items() if name in names]
+        if not matches:
             allowed = sorted(set().union(*known.values()))
             raise TypeError(f"hybrid_callbacks: unknown setting {name!r}; known settings: {', '.join(allowed)}")
-        owners[owner][name] = value
+        if len(matches) > 1:
+            raise TypeError(
+                f"hybrid_callbacks: setting {name!r} is ambiguous ({matches}); build those callbacks directly"
+            )
+        owners[matches[0]][name] = value
     config = HybridConfig(
         warmup_steps=warmup_steps,
         full_steps=full_steps,

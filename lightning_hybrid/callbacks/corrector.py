@@ -21,14 +21,16 @@ class ResidualCorrector(HybridComponent):
     averaged into an offset added to later loss trajectories and bounds.
 
     Args:
-        decay: weight of the old correction per residual, in ``[0, 1)``.
+        correction_decay: weight of the old correction per residual, in ``[0, 1)``.
         max_correction_factor: bound on the update correction factor and its inverse (>= 1).
         max_residuals: residuals kept for inspection (>= 1).
     """
 
-    def __init__(self, decay: float = 0.5, max_correction_factor: float = 2.0, max_residuals: int = 256) -> None:
+    def __init__(
+        self, correction_decay: float = 0.5, max_correction_factor: float = 2.0, max_residuals: int = 256
+    ) -> None:
         owner = "ResidualCorrector"
-        self.decay = check_float(owner, "decay", decay, 0.0, 1.0 - 1e-12)
+        self.decay = check_float(owner, "correction_decay", correction_decay, 0.0, 1.0 - 1e-12)
         self.max_correction_factor = check_float(owner, "max_correction_factor", max_correction_factor, 1.0)
         self.max_residuals = check_int(owner, "max_residuals", max_residuals, 1)
         self.factors: list[float] = []

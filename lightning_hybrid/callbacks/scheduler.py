@@ -45,6 +45,9 @@ def _loss_of(output: Any) -> Tensor | None:
 class HybridScheduler(HybridComponent):
     """Runs the Warmup → Full → Predict → Correct cycle and owns the rollback snapshot and run summary.
 
+    The Predict horizon starts at ``max_predict_steps``, halves after every failed segment (rollback or invalid
+    plan) and doubles, up to ``max_predict_steps``, after every accepted one.
+
     Args:
         config: the phase settings; alternatively pass them as keyword arguments (see :class:`HybridConfig`).
         summary_filename: name of the JSON summary written into ``trainer.log_dir`` at the end of ``fit``.
@@ -63,7 +66,7 @@ class HybridScheduler(HybridComponent):
         self._plan: Plan | None = None
         self._segment_pos = 0
         self._snapshot_alive = False
-        self._horizon_cap = self.config.max_predict_steps
+        self._horizon = self.config.max_predict_steps
         self._consecutive_rollbacks = 0
         self._prediction_off = False
         self._lr_ref: list[float] = []
@@ -353,11 +356,9 @@ class HybridScheduler(HybridComponent):
         predictor = self.predictor.predictor
         if not cfg.enable_prediction or self._prediction_off or not predictor.ready:
             return
-        confidence = predictor.confidence()
-        if confidence < cfg.confidence_threshold:
+        if predictor.confidence() < cfg.confidence_threshold:
             return
-        horizon = min(self._horizon_cap, max(1, round(confidence * cfg.max_predict_steps)))
-        plan = self.corrector.correct(predictor.plan(horizon))
+        plan = self.corrector.correct(predictor.plan(self._horizon))
         if not self._plan_is_valid(plan, predictor.directions()):
             self.counters.invalid_plans += 1
             self._count_failed_segment()
@@ -401,7 +402,7 @@ class HybridScheduler(HybridComponent):
 
     def _count_failed_segment(self) -> None:
         self._consecutive_rollbacks += 1
-        self._horizon_cap = max(1, self._horizon_cap // 2)
+        self._horizon = max(1, self._horizon // 2)
         if self._consecutive_rollbacks >= self.config.max_consecutive_rollbacks and not self._prediction_off:
             self._prediction_off = True
             rank_zero_warn(
@@ -412,7 +413,7 @@ class HybridScheduler(HybridComponent):
     def _accept_segment(self) -> None:
         self._snapshot_alive = False
         self._consecutive_rollbacks = 0
-        self._horizon_cap = min(self.config.max_predict_steps, self._horizon_cap * 2)
+        self._horizon = min(self.config.max_predict_steps, self._horizon * 2)
         self.counters.segments_accepted += 1
 
     # -------------------------------------------------------------------------------------------- helpers
@@ -467,7 +468,7 @@ class HybridScheduler(HybridComponent):
             "phase_step": self._phase_step,
             "plan": self._plan.to_dict() if self._plan is not None else None,
             "segment_pos": self._segment_pos,
-            "horizon_cap": self._horizon_cap,
+            "horizon": self._horizon,
             "consecutive_rollbacks": self._consecutive_rollbacks,
             "prediction_off": self._prediction_off,
             "lr_ref": list(self._lr_ref),
@@ -484,7 +485,7 @@ class HybridScheduler(HybridComponent):
         self._phase_step = int(state["phase_step"])
         self._plan = Plan.from_dict(state["plan"]) if state["plan"] is not None else None
         self._segment_pos = int(state["segment_pos"])
-        self._horizon_cap = int(state["horizon_cap"])
+        self._horizon = int(state["horizon"])
         self._consecutive_rollbacks = int(state["consecutive_rollbacks"])
         self._prediction_off = bool(state["prediction_off"])
         self._lr_ref = [float(v) for v in state["lr_ref"]]

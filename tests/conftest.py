@@ -1,0 +1,16 @@
+import os
+import warnings
+
+import pytest
+import torch
+
+os.environ.setdefault("PYTHONHASHSEED", "0")
+
+
+@pytest.fixture(autouse=True)
+def _quiet_and_deterministic():
+    torch.set_num_threads(1)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+        warnings.filterwarnings("ignore", message=".*litlogger.*")
+        yield

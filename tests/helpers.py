@@ -1,0 +1,173 @@
+"""Small models, data and a logger that keeps what it is given, shared by the tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.loggers import Logger
+from lightning.pytorch.utilities import rank_zero_only
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_hybrid import HybridPredictStrategy, HybridScheduler, Phase, hybrid_callbacks
+
+
+def regression_data(n: int = 256, seed: int = 1) -> TensorDataset:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 8, generator=g)
+    w = torch.randn(8, 1, generator=g)
+    return TensorDataset(x, torch.tanh(x @ w) + 0.05 * torch.randn(n, 1, generator=g))
+
+
+def loader(n: int = 256, batch_size: int = 32, seed: int = 1) -> DataLoader:
+    return DataLoader(regression_data(n, seed), batch_size=batch_size, shuffle=False)
+
+
+class RegressionModel(L.LightningModule):
+    """A small MLP that counts its forward passes and backward passes."""
+
+    def __init__(
+        self,
+        lr: float = 1e-2,
+        optimizer: str = "adam",
+        automatic: bool = True,
+        param_groups: bool = False,
+        scheduler: bool = False,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.net = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
+        self.lr, self.optimizer_name, self.param_groups, self.use_scheduler = lr, optimizer, param_groups, scheduler
+        self.automatic_optimization = automatic
+        self.training_step_calls = 0
+        self.backward_calls = 0
+        self.forward_with_grad = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        self.training_step_calls += 1
+        self.forward_with_grad += int(torch.is_grad_enabled())
+        x, y = batch
+        loss = nn.functional.mse_loss(self(x), y)
+        if self.automatic_optimization:
+            return loss
+        opt = self.optimizers()
+        opt.zero_grad()
+        self.manual_backward(loss)
+        opt.step()
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", nn.functional.mse_loss(self(x), y))
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("test_loss", nn.functional.mse_loss(self(x), y))
+
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        self.backward_calls += 1
+        super().backward(loss, *args, **kwargs)
+
+    def configure_optimizers(self) -> Any:
+        params: Any = self.parameters()
+        if self.param_groups:
+            params = [
+                {"params": self.net[0].parameters(), "lr": self.lr},
+                {"params": self.net[2].parameters(), "lr": self.lr / 4},
+            ]
+        cls = torch.optim.Adam if self.optimizer_name == "adam" else torch.optim.SGD
+        opt = cls(params, lr=self.lr)
+        if not self.use_scheduler:
+            return opt
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.99)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+class MemoryLogger(Logger):
+    """Keeps every ``log_metrics`` call, so tests can read the per-step curves back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[tuple[int, dict[str, float]]] = []
+
+    @property
+    def name(self) -> str:
+        return "memory"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    @rank_zero_only
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.rows.append((step, dict(metrics)))
+
+    @rank_zero_only
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def series(self, key: str) -> dict[int, float]:
+        return {step: m[key] for step, m in self.rows if key in m}
+
+
+class StepRecorder(L.Callback):
+    """Records, per optimizer step, the model's backward and training_step calls since the previous step."""
+
+    def __init__(self) -> None:
+        self.backward: dict[int, int] = {}
+        self.forward: dict[int, int] = {}
+        self._last = (0, 0)
+        self._step = 0
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, idx: int) -> None:
+        if trainer.global_step == self._step:
+            return
+        self._step = trainer.global_step
+        now = (pl_module.backward_calls, pl_module.training_step_calls)
+        self.backward[self._step] = now[0] - self._last[0]
+        self.forward[self._step] = now[1] - self._last[1]
+        self._last = now
+
+
+def flat_params(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().flatten().clone() for p in model.parameters()])
+
+
+def scheduler_of(trainer: L.Trainer) -> HybridScheduler:
+    return next(cb for cb in trainer.callbacks if isinstance(cb, HybridScheduler))
+
+
+FAST = dict(warmup_steps=5, full_steps=6, max_predict_steps=4, confidence_threshold=0.0, correction_steps=2)
+
+
+def hybrid_trainer(
+    max_steps: int = 60,
+    settings: dict[str, Any] | None = None,
+    extra_callbacks: list[L.Callback] | None = None,
+    **trainer_kwargs: Any,
+) -> tuple[L.Trainer, MemoryLogger]:
+    """A CPU Trainer with the hybrid strategy and callbacks (fast phase settings unless overridden)."""
+    logger = MemoryLogger()
+    trainer_kwargs.setdefault("enable_checkpointing", False)
+    trainer_kwargs.setdefault("logger", logger)
+    trainer = L.Trainer(
+        max_steps=max_steps,
+        accelerator="cpu",
+        strategy=HybridPredictStrategy(),
+        callbacks=hybrid_callbacks(**{**FAST, **(settings or {})}) + list(extra_callbacks or []),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        **trainer_kwargs,
+    )
+    return trainer, logger
+
+
+def phases(logger: MemoryLogger) -> dict[int, Phase]:
+    return {step: Phase(int(v)) for step, v in logger.series("hybrid/phase").items()}

@@ -1,0 +1,141 @@
+"""Lightning features that must keep working under the hybrid strategy."""
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+from lightning_hybrid import DivergenceMonitor, HybridPredictStrategy, Phase, hybrid_callbacks
+from tests.helpers import FAST, RegressionModel, StepRecorder, flat_params, hybrid_trainer, loader, phases
+
+
+def _backward_per_phase(recorder, logger):
+    out = {}
+    for step, phase in phases(logger).items():
+        out.setdefault(phase, set()).add(recorder.backward[step])
+    return out
+
+
+def test_manual_optimization_skips_backward_on_predicted_steps():
+    recorder = StepRecorder()
+    trainer, logger = hybrid_trainer(max_steps=60, extra_callbacks=[recorder])
+    model = RegressionModel(automatic=False)
+    trainer.fit(model, loader())
+    per_phase = _backward_per_phase(recorder, logger)
+    assert per_phase[Phase.PREDICT] == {0}
+    assert per_phase[Phase.FULL] == per_phase[Phase.CORRECT] == per_phase[Phase.WARMUP] == {1}
+    # manual optimization: the user's training_step owns the step, so every predicted step runs its forward
+    assert model.forward_with_grad == model.backward_calls
+
+
+def test_gradient_accumulation_costs_no_backward_when_predicting():
+    recorder = StepRecorder()
+    trainer, logger = hybrid_trainer(max_steps=40, accumulate_grad_batches=2, extra_callbacks=[recorder])
+    trainer.fit(RegressionModel(), loader(512))
+    per_phase = _backward_per_phase(recorder, logger)
+    assert per_phase[Phase.PREDICT] == {0}
+    assert per_phase[Phase.FULL] == {2}
+    predict_steps = [s for s, p in phases(logger).items() if p is Phase.PREDICT]
+    assert predict_steps and all(recorder.forward[s] <= 1 for s in predict_steps)
+
+
+class _OrdinaryUpdateNorms(Callback):
+    def __init__(self):
+        self.norms = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, idx):
+        self.before = flat_params(pl_module)
+        self.phase = next(cb for cb in trainer.callbacks if hasattr(cb, "predicting")).phase
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, idx):
+        if self.phase.ordinary:
+            self.norms.append(float((flat_params(pl_module) - self.before).norm()))
+
+
+def test_gradient_clipping_applies_to_ordinary_steps():
+    watch = _OrdinaryUpdateNorms()
+    trainer, logger = hybrid_trainer(max_steps=40, gradient_clip_val=1e-3, extra_callbacks=[watch])
+    trainer.fit(RegressionModel(optimizer="sgd", lr=1.0), loader())
+    assert Phase.PREDICT in phases(logger).values()
+    assert max(watch.norms) <= 1e-3 * (1 + 1e-4)  # SGD, lr=1: the update is the clipped gradient
+
+
+def test_several_param_groups_each_get_their_own_scale():
+    trainer, logger = hybrid_trainer(max_steps=60)
+    model = RegressionModel(param_groups=True, scheduler=True)
+    trainer.fit(model, loader())
+    assert Phase.PREDICT in phases(logger).values()
+    predictor = next(cb for cb in trainer.callbacks if type(cb).__name__ == "DynamicsPredictor").predictor
+    assert len(predictor.directions()) == 2
+    assert len(predictor.scales()) == 2
+
+
+def test_bf16_mixed_on_cpu():
+    trainer, logger = hybrid_trainer(max_steps=40, precision="bf16-mixed")
+    model = RegressionModel()
+    trainer.fit(model, loader())
+    assert Phase.PREDICT in phases(logger).values()
+    assert torch.isfinite(flat_params(model)).all()
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+def _plain_trainer(**kwargs):
+    return L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, **kwargs)
+
+
+def test_validate_and_test_are_unaffected():
+    model = RegressionModel()
+    plain_val = _plain_trainer().validate(model, loader(64), verbose=False)
+    plain_test = _plain_trainer().test(model, loader(64), verbose=False)
+    for callbacks in (hybrid_callbacks(), []):  # with or without the callbacks, outside fit nothing changes
+        trainer = _plain_trainer(strategy=HybridPredictStrategy(), callbacks=callbacks)
+        assert trainer.validate(model, loader(64), verbose=False) == plain_val
+        assert trainer.test(model, loader(64), verbose=False) == plain_test
+
+
+def test_strategy_without_callbacks_fails_at_fit_with_the_fix():
+    trainer = _plain_trainer(max_steps=3, strategy=HybridPredictStrategy())
+    with pytest.raises(MisconfigurationException, match=r"callbacks=hybrid_callbacks\(\)"):
+        trainer.fit(RegressionModel(), loader())
+
+
+@pytest.mark.parametrize("callbacks", [hybrid_callbacks(), [DivergenceMonitor()]])
+def test_callbacks_without_strategy_fail_at_fit_with_the_fix(callbacks):
+    trainer = _plain_trainer(max_steps=3, callbacks=callbacks)
+    with pytest.raises(MisconfigurationException, match=r"strategy=HybridPredictStrategy\(\)"):
+        trainer.fit(RegressionModel(), loader())
+
+
+def test_incomplete_callback_set_names_what_is_missing():
+    callbacks = [cb for cb in hybrid_callbacks() if not isinstance(cb, DivergenceMonitor)]
+    trainer = _plain_trainer(max_steps=3, strategy=HybridPredictStrategy(), callbacks=callbacks)
+    with pytest.raises(MisconfigurationException, match="exactly one DivergenceMonitor"):
+        trainer.fit(RegressionModel(), loader())
+
+
+def test_string_strategy_names_are_registered():
+    trainer = _plain_trainer(max_steps=12, strategy="hybrid", callbacks=hybrid_callbacks(**FAST))
+    trainer.fit(RegressionModel(), loader())
+    assert isinstance(trainer.strategy, HybridPredictStrategy)
+    assert trainer.strategy.root_device == torch.device("cpu")
+    assert "hybrid_ddp" in L.pytorch.strategies.StrategyRegistry
+
+
+def test_model_without_trainable_parameters_is_refused():
+    model = RegressionModel()
+    model.net.requires_grad_(False)
+    trainer, _ = hybrid_trainer(max_steps=3)
+    with pytest.raises(ValueError, match="no trainable parameters"):
+        trainer.fit(model, loader())
+
+
+def test_several_optimizers_are_refused():
+    class TwoOptimizers(RegressionModel):
+        def configure_optimizers(self):
+            return [torch.optim.SGD(self.net[0].parameters(), 0.1), torch.optim.SGD(self.net[2].parameters(), 0.1)]
+
+    model = TwoOptimizers(automatic=False)
+    trainer, _ = hybrid_trainer(max_steps=3)
+    with pytest.raises(MisconfigurationException, match="exactly one optimizer"):
+        trainer.fit(model, loader())

@@ -1,0 +1,69 @@
+"""Bad settings fail at construction with the field, the value and what is allowed."""
+
+import pytest
+
+from lightning_hybrid import DivergenceMonitor, DynamicsPredictor, HybridConfig, ResidualCorrector, hybrid_callbacks
+from lightning_hybrid.predictors import LinearPredictor
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "pattern"),
+    [
+        ({"warmup_steps": -1}, r"`warmup_steps` must be an integer >= 0, got -1"),
+        ({"full_steps": 0}, r"`full_steps` must be an integer >= 1, got 0"),
+        ({"max_predict_steps": 0}, r"`max_predict_steps` must be an integer >= 1, got 0"),
+        ({"confidence_threshold": 1.5}, r"`confidence_threshold` must be a finite number in \[0.0, 1.0\], got 1.5"),
+        ({"confidence_threshold": -0.1}, r"`confidence_threshold`.*got -0.1"),
+        ({"predict_forward_every": -2}, r"`predict_forward_every` must be an integer >= 0, got -2"),
+        ({"correction_steps": 0}, r"`correction_steps` must be an integer >= 1, got 0"),
+        ({"warmup_steps": 2.5}, r"`warmup_steps` must be an integer"),
+        ({"max_consecutive_rollbacks": 0}, r"`max_consecutive_rollbacks`"),
+    ],
+)
+def test_phase_settings_are_validated(kwargs, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        HybridConfig(**kwargs)
+    with pytest.raises(ValueError, match=pattern):
+        hybrid_callbacks(**kwargs)
+
+
+def test_max_predict_steps_zero_is_fine_when_prediction_is_off():
+    assert HybridConfig(max_predict_steps=0, enable_prediction=False).max_predict_steps == 0
+
+
+def test_unknown_predictor_name():
+    with pytest.raises(ValueError, match=r"`predictor` must be one of 'linear', got 'oracle'"):
+        hybrid_callbacks(predictor="oracle")
+    with pytest.raises(ValueError, match="'oracle'"):
+        DynamicsPredictor("oracle")
+
+
+def test_unknown_setting_is_named():
+    with pytest.raises(TypeError, match="unknown setting 'warmup'"):
+        hybrid_callbacks(warmup=3)
+
+
+def test_settings_reach_their_component():
+    callbacks = hybrid_callbacks(z_threshold=7.0, max_correction_factor=3.0, decay=0.8, max_consecutive_rollbacks=2)
+    by_type = {type(cb): cb for cb in callbacks}
+    assert by_type[DivergenceMonitor].z_threshold == 7.0
+    assert by_type[ResidualCorrector].max_correction_factor == 3.0
+    assert by_type[DynamicsPredictor].predictor.decay == 0.8
+    scheduler = next(cb for cb in callbacks if type(cb).__name__ == "HybridScheduler")
+    assert scheduler.config.max_consecutive_rollbacks == 2
+
+
+@pytest.mark.parametrize(
+    ("factory", "pattern"),
+    [
+        (lambda: DivergenceMonitor(z_threshold=0), "`z_threshold`"),
+        (lambda: DivergenceMonitor(oscillation_window=-1), "`oscillation_window`"),
+        (lambda: ResidualCorrector(max_correction_factor=0.5), "`max_correction_factor`"),
+        (lambda: ResidualCorrector(correction_decay=1.0), "`correction_decay`"),
+        (lambda: LinearPredictor(decay=float("nan")), "`decay`"),
+        (lambda: LinearPredictor(loss_window=2), "`loss_window` must be an integer >= 3, got 2"),
+    ],
+)
+def test_component_settings_are_validated(factory, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        factory()
