@@ -167,8 +167,8 @@ class HybridScheduler(HybridComponent):
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         summary = self.summary()
+        directory = trainer.log_dir or trainer.default_root_dir  # a broadcast: every rank must ask
         if trainer.is_global_zero:
-            directory = trainer.log_dir or trainer.default_root_dir
             os.makedirs(directory, exist_ok=True)
             with open(os.path.join(directory, self.summary_filename), "w") as f:
                 json.dump(summary, f, indent=2)

@@ -1,0 +1,62 @@
+"""One rank of a 2-process CPU DDP run, launched by ``tests/test_ddp.py`` like torchrun would.
+
+Writes the phase of every step, the first batch it saw and its final parameters to ``<out>/rank<R>.pt``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import lightning as L
+import torch
+
+from lightning_hybrid import HybridDDPStrategy, HybridScheduler, hybrid_callbacks
+from tests.helpers import FAST, RegressionModel, flat_params, loader
+from tests.test_resume import _callbacks
+
+
+class Record(L.Callback):
+    def __init__(self) -> None:
+        self.phases: list[int] = []
+        self.first_batch: torch.Tensor | None = None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, idx):
+        if self.first_batch is None:
+            self.first_batch = batch[0].clone()
+        scheduler = next(cb for cb in trainer.callbacks if isinstance(cb, HybridScheduler))
+        self.phases.append(int(scheduler.phase))
+
+
+def main(out_dir: str, exploding: str) -> None:
+    record = Record()
+    callbacks = _callbacks(exploding=True) if exploding == "1" else hybrid_callbacks(**FAST)
+    trainer = L.Trainer(
+        max_steps=60,
+        accelerator="cpu",
+        devices=2,
+        strategy=HybridDDPStrategy(process_group_backend="gloo"),
+        callbacks=[*callbacks, record],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=out_dir,
+    )
+    model = RegressionModel(scheduler=True)
+    trainer.fit(model, loader(512, batch_size=16))
+    scheduler = next(cb for cb in trainer.callbacks if isinstance(cb, HybridScheduler))
+    torch.save(
+        {
+            "phases": record.phases,
+            "first_batch": record.first_batch,
+            "params": flat_params(model),
+            "summary": scheduler.summary(),
+            "monitor": scheduler.monitor.state_dict(),
+            "loss_trend": scheduler.predictor.predictor.state_dict()["trend"],
+        },
+        f"{out_dir}/rank{trainer.global_rank}.pt",
+    )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
