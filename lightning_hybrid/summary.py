@@ -26,7 +26,6 @@ class RunCounters:
     segments_accepted: int = 0
     invalid_plans: int = 0
     nonfinite_steps_skipped: int = 0
-    wall_time_s: float = 0.0
 
     @property
     def steps_total(self) -> int:
@@ -49,7 +48,6 @@ class RunCounters:
         out = {"steps_total": self.steps_total, "backward_skipped_pct": round(self.backward_skipped_pct, 3)}
         out.update(self.to_dict())
         out["time_by_phase_s"] = {k: round(v, 4) for k, v in self.time_by_phase_s.items()}
-        out["wall_time_s"] = round(self.wall_time_s, 4)
         return out
 
 

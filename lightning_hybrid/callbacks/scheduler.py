@@ -109,14 +109,14 @@ class HybridScheduler(HybridComponent):
         super().setup(trainer, pl_module, stage)
         if stage != "fit":
             return
-        found = {type(cb): cb for cb in trainer.callbacks if isinstance(cb, HybridComponent)}
+        present = sorted(type(cb).__name__ for cb in trainer.callbacks if isinstance(cb, HybridComponent))
         self._components = {}
         for kind in (DynamicsPredictor, ResidualCorrector, DivergenceMonitor):
             matches = [cb for cb in trainer.callbacks if isinstance(cb, kind)]
             if len(matches) != 1:
                 raise MisconfigurationException(
                     f"HybridScheduler needs exactly one {kind.__name__} callback, found {len(matches)} "
-                    f"(callbacks: {sorted(t.__name__ for t in found)}). Use `callbacks=hybrid_callbacks(...)`."
+                    f"(hybrid callbacks present: {present}). Use `callbacks=hybrid_callbacks(...)`."
                 )
             self._components[kind] = matches[0]
         if not any(p.requires_grad for p in pl_module.parameters()):
@@ -162,8 +162,7 @@ class HybridScheduler(HybridComponent):
         self._reset_step()
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.counters.wall_time_s = self._wall_time()
-        self._wall_base, self._wall_t0 = self.counters.wall_time_s, time.perf_counter()
+        self._wall_base, self._wall_t0 = self._wall_time(), 0.0  # stop the clock
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         summary = self.summary()
@@ -453,7 +452,7 @@ class HybridScheduler(HybridComponent):
     def summary(self) -> dict[str, Any]:
         """Whole-run numbers, as written to ``hybrid_summary.json``."""
         out = self.counters.summary()
-        out["wall_time_s"] = round(self._wall_time(), 4)
+        out["wall_time_s"] = round(self._wall_time(), 4)  # training start to end, validation included
         out["rollback_reasons"] = {**self.monitor.events, "invalid_plan": self.counters.invalid_plans}
         out["prediction_disabled"] = self._prediction_off
         out["predictor"] = self.predictor.name
