@@ -11,7 +11,7 @@ import lightning as L
 import torch
 
 from lightning_hybrid import HybridDDPStrategy, HybridScheduler, hybrid_callbacks
-from tests.helpers import FAST, RegressionModel, flat_params, loader
+from tests.helpers import FAST, RegressionModel, flat_params, hybrid_trainer, loader
 from tests.test_resume import _callbacks
 
 
@@ -30,16 +30,13 @@ class Record(L.Callback):
 def main(out_dir: str, exploding: str) -> None:
     record = Record()
     callbacks = _callbacks(exploding=True) if exploding == "1" else hybrid_callbacks(**FAST)
-    trainer = L.Trainer(
-        max_steps=60,
-        accelerator="cpu",
+    trainer, _ = hybrid_trainer(
+        60,
+        hybrid=callbacks,
+        extra_callbacks=[record],
         devices=2,
         strategy=HybridDDPStrategy(process_group_backend="gloo"),
-        callbacks=[*callbacks, record],
         logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         default_root_dir=out_dir,
     )
     model = RegressionModel(scheduler=True)

@@ -150,17 +150,23 @@ def hybrid_trainer(
     max_steps: int = 60,
     settings: dict[str, Any] | None = None,
     extra_callbacks: list[L.Callback] | None = None,
+    hybrid: list[L.Callback] | None = None,
     **trainer_kwargs: Any,
 ) -> tuple[L.Trainer, MemoryLogger]:
-    """A CPU Trainer with the hybrid strategy and callbacks (fast phase settings unless overridden)."""
+    """A CPU Trainer with the hybrid strategy and callbacks.
+
+    ``hybrid`` replaces the default ``hybrid_callbacks(**FAST, **settings)``; ``extra_callbacks`` are appended.
+    Trainer arguments (``strategy``, ``logger``, ...) override the defaults.
+    """
     logger = MemoryLogger()
     trainer_kwargs.setdefault("enable_checkpointing", False)
     trainer_kwargs.setdefault("logger", logger)
+    trainer_kwargs.setdefault("strategy", HybridPredictStrategy())
+    trainer_kwargs.setdefault("accelerator", "cpu")
+    hybrid = hybrid if hybrid is not None else hybrid_callbacks(**{**FAST, **(settings or {})})
     trainer = L.Trainer(
         max_steps=max_steps,
-        accelerator="cpu",
-        strategy=HybridPredictStrategy(),
-        callbacks=hybrid_callbacks(**{**FAST, **(settings or {})}) + list(extra_callbacks or []),
+        callbacks=[*hybrid, *(extra_callbacks or [])],
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,

@@ -6,11 +6,11 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from lightning_hybrid import DivergenceMonitor, HybridPredictStrategy, Phase, hybrid_callbacks
+from lightning_hybrid import DivergenceMonitor, Phase, hybrid_callbacks
 from lightning_hybrid.callbacks import DynamicsPredictor, HybridScheduler, ResidualCorrector
 from lightning_hybrid.config import HybridConfig
 from lightning_hybrid.predictors import LinearPredictor, Plan
-from tests.helpers import FAST, MemoryLogger, RegressionModel, flat_params, loader, phases
+from tests.helpers import FAST, RegressionModel, flat_params, hybrid_trainer, loader, phases
 
 
 class ScaledPredictor(LinearPredictor):
@@ -34,27 +34,10 @@ class NanDirectionPredictor(LinearPredictor):
 
 
 def _trainer(predictor, max_steps=60, config=None, extra=(), **kwargs):
-    import lightning as L
-
-    logger = MemoryLogger()
-    callbacks = [
-        HybridScheduler(config or HybridConfig(**FAST)),
-        DynamicsPredictor(predictor),
-        ResidualCorrector(),
-        DivergenceMonitor(),
-        *extra,
-    ]
-    trainer = L.Trainer(
-        max_steps=max_steps,
-        strategy=HybridPredictStrategy(),
-        callbacks=callbacks,
-        logger=logger,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        **kwargs,
-    )
-    return trainer, logger, callbacks[0]
+    scheduler = HybridScheduler(config or HybridConfig(**FAST))
+    hybrid = [scheduler, DynamicsPredictor(predictor), ResidualCorrector(), DivergenceMonitor()]
+    trainer, logger = hybrid_trainer(max_steps, hybrid=hybrid, extra_callbacks=list(extra), **kwargs)
+    return trainer, logger, scheduler
 
 
 class SegmentWatch(Callback):

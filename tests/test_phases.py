@@ -98,6 +98,23 @@ class _PtrWatch(Callback):
             self.changed.append(trainer.global_step)
 
 
+def test_predicted_steps_hold_no_gradients():
+    class GradWatch(Callback):
+        held = []
+
+        def on_train_batch_start(self, trainer, pl_module, batch, idx):
+            self.predicting = scheduler_of(trainer).phase is Phase.PREDICT
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, idx):
+            if self.predicting:
+                self.held.append(any(p.grad is not None for p in pl_module.parameters()))
+
+    watch = GradWatch()
+    trainer, _ = hybrid_trainer(max_steps=60, extra_callbacks=[watch])
+    trainer.fit(RegressionModel(), loader())
+    assert len(watch.held) >= 5 and not any(watch.held)
+
+
 def test_parameters_are_updated_in_place():
     watch = _PtrWatch()
     trainer, logger = hybrid_trainer(max_steps=60, extra_callbacks=[watch])

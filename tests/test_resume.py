@@ -5,21 +5,19 @@ the checkpoints plain Lightning itself resumes from bitwise (mid-epoch it restar
 the epoch's first batch, and ``every_n_epochs`` checkpoints were not exact for plain training either).
 """
 
-import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_hybrid import (
     DivergenceMonitor,
     DynamicsPredictor,
-    HybridPredictStrategy,
     HybridScheduler,
     Phase,
     ResidualCorrector,
     hybrid_callbacks,
 )
 from lightning_hybrid.predictors import LinearPredictor, Plan
-from tests.helpers import RegressionModel, flat_params, loader, scheduler_of
+from tests.helpers import RegressionModel, flat_params, hybrid_trainer, loader, scheduler_of
 
 SETTINGS = dict(warmup_steps=3, full_steps=3, max_predict_steps=5, confidence_threshold=0.0, correction_steps=2)
 STEPS = 40
@@ -48,18 +46,14 @@ def _callbacks(exploding: bool):
 
 
 def _run(root, ckpt_path=None, checkpoint_every_epoch=False, exploding=False):
-    callbacks = _callbacks(exploding)
+    extra = []
     if checkpoint_every_epoch:
-        callbacks.append(
-            ModelCheckpoint(dirpath=root / "ckpt", save_top_k=-1, every_n_train_steps=2, filename="{step}")
-        )
-    trainer = L.Trainer(
-        max_steps=STEPS,
-        strategy=HybridPredictStrategy(),
-        callbacks=callbacks,
+        extra.append(ModelCheckpoint(dirpath=root / "ckpt", save_top_k=-1, every_n_train_steps=2, filename="{step}"))
+    trainer, _ = hybrid_trainer(
+        STEPS,
+        hybrid=_callbacks(exploding),
+        extra_callbacks=extra,
         logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         enable_checkpointing=checkpoint_every_epoch,
         default_root_dir=root,
     )

@@ -43,6 +43,22 @@ def test_unknown_setting_is_named():
         hybrid_callbacks(warmup=3)
 
 
+def test_a_setting_two_components_share_is_refused(monkeypatch):
+    import lightning_hybrid.callbacks as callbacks_module
+    from lightning_hybrid import predictors
+
+    class Clashing(LinearPredictor):
+        name = "clashing"
+
+        def __init__(self, z_threshold: float = 1.0) -> None:
+            super().__init__()
+
+    monkeypatch.setitem(predictors.PREDICTORS, "clashing", Clashing)
+    monkeypatch.setattr(callbacks_module, "PREDICTORS", predictors.PREDICTORS)
+    with pytest.raises(TypeError, match="'z_threshold' is ambiguous"):
+        hybrid_callbacks(predictor="clashing", z_threshold=2.0)
+
+
 def test_settings_reach_their_component():
     callbacks = hybrid_callbacks(z_threshold=7.0, max_correction_factor=3.0, decay=0.8, max_consecutive_rollbacks=2)
     by_type = {type(cb): cb for cb in callbacks}
