@@ -20,8 +20,8 @@ class ScaledPredictor(LinearPredictor):
         super().__init__(**kwargs)
         self.factor, self.every, self.plans = factor, every, 0
 
-    def plan(self, horizon: int) -> Plan:
-        plan = super().plan(horizon)
+    def plan(self, horizon: int, features=None) -> Plan:
+        plan = super().plan(horizon, features)
         self.plans += 1
         if self.plans % self.every == 0:
             plan.scales = [[s * self.factor for s in row] for row in plan.scales]

@@ -24,7 +24,7 @@ def test_constant_updates_are_predicted_with_full_confidence():
     params = _params()
     const = [[torch.full_like(p, 0.01 * (g + 1)) for p in group] for g, group in enumerate(params)]
     predictor = LinearPredictor(decay=0.8, scale_decay=0.8)
-    predictor.setup(params)
+    predictor.setup(params, 16)
     stats = _feed(predictor, lambda t: [[c.clone() for c in group] for group in const], 80)
     assert predictor.ready
     assert predictor.confidence() > 0.99
@@ -39,7 +39,7 @@ def test_noise_gets_low_confidence_and_a_small_scale():
     params = _params()
     g = torch.Generator().manual_seed(3)
     predictor = LinearPredictor()
-    predictor.setup(params)
+    predictor.setup(params, 16)
     _feed(predictor, lambda t: [[0.01 * torch.randn(p.shape, generator=g) for p in group] for group in params], 200)
     assert predictor.confidence() < 0.2
     assert all(s < 0.3 for s in predictor.scales())
@@ -51,7 +51,7 @@ def test_prediction_beats_a_zero_update_baseline_on_drifting_updates():
     g = torch.Generator().manual_seed(4)
     drift = [[torch.randn(p.shape, generator=g) for p in group] for group in params]
     predictor = LinearPredictor()
-    predictor.setup(params)
+    predictor.setup(params, 16)
     errors = []
     for t in range(150):
         deltas = [[0.01 * d + 0.004 * torch.randn(d.shape, generator=g) for d in group] for group in drift]
@@ -64,7 +64,7 @@ def test_prediction_beats_a_zero_update_baseline_on_drifting_updates():
 def test_loss_trend_is_extrapolated_with_an_upper_bound():
     params = _params()
     predictor = LinearPredictor(loss_window=16, bound_sigmas=3.0)
-    predictor.setup(params)
+    predictor.setup(params, 16)
     _feed(predictor, lambda t: [[torch.zeros_like(p) for p in group] for group in params], 20, lambda t: 5.0 - 0.1 * t)
     plan = predictor.plan(3)
     assert plan.horizon == 3 and len(plan.loss) == 4
@@ -77,7 +77,7 @@ def test_loss_trend_is_extrapolated_with_an_upper_bound():
 def test_observing_overwrites_nothing_but_the_scratch_and_keeps_buffers_in_place():
     params = _params()
     predictor = LinearPredictor()
-    predictor.setup(params)
+    predictor.setup(params, 16)
     ptrs = [t.data_ptr() for group in predictor.directions() for t in group]
     _feed(predictor, lambda t: [[torch.ones_like(p) for p in group] for group in params], 5)
     assert [t.data_ptr() for group in predictor.directions() for t in group] == ptrs
@@ -86,7 +86,7 @@ def test_observing_overwrites_nothing_but_the_scratch_and_keeps_buffers_in_place
 def test_state_round_trips_before_and_after_setup():
     params = _params()
     predictor = LinearPredictor()
-    predictor.setup(params)
+    predictor.setup(params, 16)
     g = torch.Generator().manual_seed(5)
     _feed(predictor, lambda t: [[torch.randn(p.shape, generator=g) for p in group] for group in params], 30, math.sqrt)
     state = predictor.state_dict()
@@ -94,9 +94,9 @@ def test_state_round_trips_before_and_after_setup():
         clone = LinearPredictor()
         if load_first:
             clone.load_state_dict(state)
-            clone.setup(_params(1))
+            clone.setup(_params(1), 16)
         else:
-            clone.setup(_params(1))
+            clone.setup(_params(1), 16)
             clone.load_state_dict(state)
         assert clone.confidence() == predictor.confidence()
         assert clone.scales() == predictor.scales()
@@ -107,9 +107,9 @@ def test_state_round_trips_before_and_after_setup():
 
 def test_state_with_other_shapes_is_refused():
     predictor = LinearPredictor()
-    predictor.setup(_params())
+    predictor.setup(_params(), 16)
     other = LinearPredictor()
-    other.setup([[torch.zeros(2)]])
+    other.setup([[torch.zeros(2)]], 16)
     with pytest.raises(ValueError, match="shapes"):
         predictor.load_state_dict(other.state_dict())
 

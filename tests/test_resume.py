@@ -27,8 +27,8 @@ class SometimesExploding(LinearPredictor):
     """Blows up the plans made while its observation count is in an odd block of five: a pure function of its
     checkpointed state, so resumed runs see the same failures."""
 
-    def plan(self, horizon: int) -> Plan:
-        plan = super().plan(horizon)
+    def plan(self, horizon: int, features=None) -> Plan:
+        plan = super().plan(horizon, features)
         if (self._observed // 5) % 2:
             plan.scales = [[s * 1e4 for s in row] for row in plan.scales]
         return plan

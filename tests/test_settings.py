@@ -32,7 +32,7 @@ def test_max_predict_steps_zero_is_fine_when_prediction_is_off():
 
 
 def test_unknown_predictor_name():
-    with pytest.raises(ValueError, match=r"`predictor` must be one of 'linear', got 'oracle'"):
+    with pytest.raises(ValueError, match=r"`predictor` must be one of 'linear', 'mlp', 'rssm', got 'oracle'"):
         hybrid_callbacks(predictor="oracle")
     with pytest.raises(ValueError, match="'oracle'"):
         DynamicsPredictor("oracle")
@@ -61,6 +61,7 @@ def test_a_setting_two_components_share_is_refused(monkeypatch):
 
 def test_settings_reach_their_component():
     callbacks = hybrid_callbacks(z_threshold=7.0, max_correction_factor=3.0, decay=0.8, max_consecutive_rollbacks=2)
+    assert {type(cb).__name__ for cb in callbacks} >= {"HybridScheduler", "DynamicsPredictor"}
     by_type = {type(cb): cb for cb in callbacks}
     assert by_type[DivergenceMonitor].z_threshold == 7.0
     assert by_type[ResidualCorrector].max_correction_factor == 3.0
@@ -75,7 +76,8 @@ def test_settings_reach_their_component():
         (lambda: DivergenceMonitor(z_threshold=0), "`z_threshold`"),
         (lambda: DivergenceMonitor(oscillation_window=-1), "`oscillation_window`"),
         (lambda: ResidualCorrector(max_correction_factor=0.5), "`max_correction_factor`"),
-        (lambda: ResidualCorrector(correction_decay=1.0), "`correction_decay`"),
+        (lambda: ResidualCorrector(time_decay=0.0), "`time_decay`"),
+        (lambda: ResidualCorrector(neighbours=0), "`neighbours`"),
         (lambda: LinearPredictor(decay=float("nan")), "`decay`"),
         (lambda: LinearPredictor(loss_window=2), "`loss_window` must be an integer >= 3, got 2"),
     ],

@@ -1,10 +1,14 @@
-"""ResidualCorrector: learns from the residuals after each Predict segment and corrects later predictions."""
+"""ResidualCorrector: learns from what happened after Predict segments and corrects later predictions."""
 
 from __future__ import annotations
 
 import math
 from collections import deque
+from dataclasses import replace
 from typing import Any
+
+import torch
+from torch import Tensor
 
 from lightning_hybrid.callbacks.base import HybridComponent
 from lightning_hybrid.predictors.base import Plan, UpdateStats
@@ -12,65 +16,104 @@ from lightning_hybrid.validation import check_float, check_int
 
 
 class ResidualCorrector(HybridComponent):
-    """Keeps the residuals of Correct steps and turns them into corrections of later plans.
+    """A bounded store of residuals from Correct steps, recalled by similarity to correct new predictions.
 
-    After a segment, the optimizer's real updates show whether the predicted direction should have gone further
-    (the least-squares multiple of the prediction is above 1), stopped earlier (below 1) or was wrong (negative).
-    Per parameter group, that multiple, clipped to ``[1 / max_correction_factor, max_correction_factor]``, is
-    averaged into a factor that scales later predicted updates. The loss residual (actual minus predicted) is
-    averaged into an offset added to later loss trajectories and bounds.
+    After a segment, each Correct step measures how the optimizer's real update relates to the predictor's: the
+    least-squares multiple of the prediction (per parameter group; 1 is a perfect prediction, below 1 an
+    overshoot) and the loss residual. A new plan's correction combines the ``neighbours`` stored residuals with
+    the largest weight ``exp(-|f - f_i|^2 / (2 bandwidth^2 dim)) * time_decay^(age in steps)``, where ``f`` are the
+    state features. Update factors are combined in log space and clipped to
+    ``[1 / max_correction_factor, max_correction_factor]``.
+
+    Micro-corrections: inside a segment, every ``correction_interval`` predicted steps with a forward check, the
+    remaining loss trajectory is re-anchored on the loss just observed (the upper bound only ever tightens).
 
     Args:
-        correction_decay: weight of the old correction per residual, in ``[0, 1)``.
-        max_correction_factor: bound on the update correction factor and its inverse (>= 1).
-        max_residuals: residuals kept for inspection (>= 1).
+        max_correction_factor: bound on a correction factor and its inverse (>= 1; 1 disables update corrections).
+        max_residuals: capacity of the residual store (>= 1).
+        neighbours: stored residuals combined per correction (>= 1).
+        bandwidth: feature-distance scale of the similarity weight (> 0).
+        time_decay: per-step decay of a residual's weight, in ``(0, 1]``.
+        correction_interval: predicted steps between micro-corrections; 0 disables them.
     """
 
     def __init__(
-        self, correction_decay: float = 0.5, max_correction_factor: float = 2.0, max_residuals: int = 256
+        self,
+        max_correction_factor: float = 2.0,
+        max_residuals: int = 256,
+        neighbours: int = 16,
+        bandwidth: float = 1.0,
+        time_decay: float = 0.995,
+        correction_interval: int = 4,
     ) -> None:
         owner = "ResidualCorrector"
-        self.decay = check_float(owner, "correction_decay", correction_decay, 0.0, 1.0 - 1e-12)
         self.max_correction_factor = check_float(owner, "max_correction_factor", max_correction_factor, 1.0)
         self.max_residuals = check_int(owner, "max_residuals", max_residuals, 1)
-        self.factors: list[float] = []
-        self.loss_offset = 0.0
+        self.neighbours = check_int(owner, "neighbours", neighbours, 1)
+        self.bandwidth = check_float(owner, "bandwidth", bandwidth, 0.0, open_low=True)
+        self.time_decay = check_float(owner, "time_decay", time_decay, 0.0, 1.0, open_low=True)
+        self.correction_interval = check_int(owner, "correction_interval", correction_interval)
         self.residuals: deque[dict[str, Any]] = deque(maxlen=max_residuals)
 
-    def factor(self, group: int) -> float:
-        return self.factors[group] if group < len(self.factors) else 1.0
-
-    def observe(self, step: int, stats: UpdateStats, loss_noise: float) -> None:
-        """Store a Correct step's residual and update the corrections."""
-        if len(self.factors) != len(stats.actual_sq):
-            self.factors = [1.0] * len(stats.actual_sq)
-        bound = self.max_correction_factor
-        targets = [min(max(stats.best_scale(g), 1.0 / bound), bound) for g in range(len(self.factors))]
-        self.factors = [self.decay * f + (1 - self.decay) * t for f, t in zip(self.factors, targets)]
+    def observe(self, step: int, stats: UpdateStats, features: Tensor) -> None:
+        """Store a Correct step's residual."""
+        bound = math.log(self.max_correction_factor)
+        log_ratios = []
+        for g in range(len(stats.actual_sq)):
+            ratio = stats.best_scale(g)
+            log_ratios.append(min(max(math.log(ratio), -bound), bound) if ratio > 0 else -bound)
         loss_residual = stats.loss - stats.predicted_loss
-        if math.isfinite(loss_residual):
-            limit = 3.0 * loss_noise if math.isfinite(loss_noise) else 0.0
-            self.loss_offset = self.decay * self.loss_offset + (1 - self.decay) * loss_residual
-            self.loss_offset = min(max(self.loss_offset, -limit), limit)
         self.residuals.append(
-            {"step": step, "update_error": stats.relative_error, "loss_residual": loss_residual, "targets": targets}
+            {
+                "step": step,
+                "features": features.detach().float().cpu(),
+                "log_ratios": log_ratios,
+                "loss_residual": loss_residual if math.isfinite(loss_residual) else 0.0,
+            }
         )
 
-    def correct(self, plan: Plan) -> Plan:
-        """Apply the current corrections to a freshly made plan."""
-        scales = [[s * self.factor(g) for g, s in enumerate(row)] for row in plan.scales]
-        offset = self.loss_offset
-        return Plan(
-            scales=scales,
+    def correction(self, features: Tensor, step: int, num_groups: int) -> tuple[list[float], float]:
+        """Update factor per group and loss offset for a prediction made now in state ``features``."""
+        usable = [r for r in self.residuals if len(r["log_ratios"]) == num_groups]
+        if not usable:
+            return [1.0] * num_groups, 0.0
+        stored = torch.stack([r["features"] for r in usable])
+        distance = (stored - features.detach().float().cpu()).square().sum(1)
+        ages = torch.tensor([float(step - r["step"]) for r in usable])
+        weights = torch.exp(-distance / (2 * self.bandwidth**2 * features.numel())) * self.time_decay**ages
+        top = torch.topk(weights, min(self.neighbours, len(usable)))
+        total = float(top.values.sum())
+        if not total > 0:
+            return [1.0] * num_groups, 0.0
+        chosen = [(float(w), usable[i]) for w, i in zip(top.values.tolist(), top.indices.tolist())]
+        log_factors = [sum(w * r["log_ratios"][g] for w, r in chosen) / total for g in range(num_groups)]
+        offset = sum(w * r["loss_residual"] for w, r in chosen) / total
+        return [math.exp(v) for v in log_factors], offset
+
+    def correct(self, plan: Plan, features: Tensor, step: int) -> tuple[Plan, list[float]]:
+        """Apply the correction for ``features`` to a freshly made plan; also return the factors."""
+        num_groups = len(plan.scales[0]) if plan.scales else 0
+        factors, offset = self.correction(features, step, num_groups)
+        corrected = replace(
+            plan,
+            scales=[[s * f for s, f in zip(row, factors)] for row in plan.scales],
             loss=[v + offset for v in plan.loss],
             loss_upper=[v + max(offset, 0.0) for v in plan.loss_upper],
-            confidence=plan.confidence,
         )
+        return corrected, factors
+
+    def reanchor(self, plan: Plan, position: int, observed_loss: float) -> Plan:
+        """Micro-correction: shift the rest of the loss trajectory onto a loss just measured at ``position``."""
+        if self.correction_interval == 0 or position % self.correction_interval or not math.isfinite(observed_loss):
+            return plan
+        shift = observed_loss - plan.loss[position]
+        rest = range(position + 1, len(plan.loss))
+        loss = plan.loss[: position + 1] + [plan.loss[i] + shift for i in rest]
+        upper = plan.loss_upper[: position + 1] + [plan.loss_upper[i] + min(shift, 0.0) for i in rest]
+        return replace(plan, loss=loss, loss_upper=upper)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"factors": list(self.factors), "loss_offset": self.loss_offset, "residuals": list(self.residuals)}
+        return {"residuals": [dict(r) for r in self.residuals]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.factors = [float(f) for f in state["factors"]]
-        self.loss_offset = float(state["loss_offset"])
-        self.residuals = deque(state["residuals"], maxlen=self.max_residuals)
+        self.residuals = deque((dict(r) for r in state["residuals"]), maxlen=self.max_residuals)

@@ -5,19 +5,27 @@ from __future__ import annotations
 from typing import Any
 
 from lightning_hybrid.callbacks.base import HybridComponent
+from lightning_hybrid.encoder import StateEncoder
 from lightning_hybrid.predictors import PREDICTORS, Predictor, build_predictor
 
 
 class DynamicsPredictor(HybridComponent):
-    """Holds the dynamics model that learns how the weights move.
+    """Holds the dynamics model that learns how the weights move, and the state encoder it conditions on.
 
     Args:
         predictor: a registered name (one of ``lightning_hybrid.predictors.PREDICTORS``) or a
             :class:`~lightning_hybrid.predictors.Predictor` instance.
         predictor_kwargs: settings of the named predictor (ignored for an instance).
+        feature_dim: length of the encoded training state (see :class:`~lightning_hybrid.encoder.StateEncoder`).
     """
 
-    def __init__(self, predictor: str | Predictor = "linear", predictor_kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        predictor: str | Predictor = "linear",
+        predictor_kwargs: dict[str, Any] | None = None,
+        feature_dim: int = 64,
+    ) -> None:
+        self.encoder = StateEncoder(dim=feature_dim)
         if isinstance(predictor, Predictor):
             self.predictor = predictor
         else:
@@ -25,7 +33,7 @@ class DynamicsPredictor(HybridComponent):
         self.name = self.predictor.name
 
     def state_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "predictor": self.predictor.state_dict()}
+        return {"name": self.name, "predictor": self.predictor.state_dict(), "encoder": self.encoder.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state["name"] != self.name:
@@ -34,3 +42,4 @@ class DynamicsPredictor(HybridComponent):
                 f"{self.name!r}; resume with `predictor={state['name']!r}` (known: {sorted(PREDICTORS)})"
             )
         self.predictor.load_state_dict(state["predictor"])
+        self.encoder.load_state_dict(state["encoder"])

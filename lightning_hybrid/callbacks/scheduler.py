@@ -23,6 +23,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch import Tensor
 from torch.optim import Optimizer
 
+from lightning_hybrid.callbacks.bandit import HorizonBandit
 from lightning_hybrid.callbacks.base import HybridComponent
 from lightning_hybrid.callbacks.corrector import ResidualCorrector
 from lightning_hybrid.callbacks.monitor import DivergenceMonitor
@@ -72,6 +73,10 @@ class HybridScheduler(HybridComponent):
         self._lr_ref: list[float] = []
         self._pending_snapshot: list[Tensor] | None = None
         self._components: dict[type, HybridComponent] = {}
+        self.bandit: HorizonBandit | None = None
+        self._factors: list[float] = []
+        self._bandit_arm = 0
+        self._errors = {"sum": 0.0, "count": 0}
         # run wiring, set in setup / on_train_start
         self._strategy: pl.strategies.Strategy | None = None
         self._optimizer: Optimizer | None = None
@@ -119,6 +124,10 @@ class HybridScheduler(HybridComponent):
                     f"(hybrid callbacks present: {present}). Use `callbacks=hybrid_callbacks(...)`."
                 )
             self._components[kind] = matches[0]
+        bandits = [cb for cb in trainer.callbacks if isinstance(cb, HorizonBandit)]
+        if len(bandits) > 1:
+            raise MisconfigurationException(f"HybridScheduler takes at most one HorizonBandit, found {len(bandits)}.")
+        self.bandit = bandits[0] if bandits else None
         if not any(p.requires_grad for p in pl_module.parameters()):
             raise ValueError(
                 f"{type(pl_module).__name__} has no trainable parameters (none with requires_grad=True); "
@@ -148,7 +157,9 @@ class HybridScheduler(HybridComponent):
         if self._pending_snapshot is not None:
             self._copy(self._buffer, [t.to(b.device) for t, b in zip(self._pending_snapshot, self._buffer)])
             self._pending_snapshot = None
-        self.predictor.predictor.setup(self._groups)
+        self.predictor.predictor.setup(self._groups, self.predictor.encoder.dim)
+        if self.bandit is not None:
+            self.bandit.setup_arms(self.config.max_predict_steps, self.predictor.encoder.dim)
         if not self._lr_ref:
             self._lr_ref = self._current_lrs()
         self._hooks = [
@@ -231,6 +242,7 @@ class HybridScheduler(HybridComponent):
             if reason is not None:
                 self._rollback(reason)
                 return output
+            self._plan = self.corrector.reanchor(self._plan, h, self._step_loss)
         self._apply_prediction(h)
         self._segment_pos += 1
         return output
@@ -248,6 +260,7 @@ class HybridScheduler(HybridComponent):
         self._skipped = False
         self._step_loss = math.nan
         self._step_predicted_loss = math.nan
+        self._step_error = math.nan
         self._grad_norm = math.nan
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, idx: int) -> None:
@@ -314,25 +327,45 @@ class HybridScheduler(HybridComponent):
 
     def _end_step(self, trainer: pl.Trainer) -> None:
         phase = self._step_phase
+        seconds = time.perf_counter() - self._t0
         self.counters.steps_by_phase[phase.label] += 1
-        self.counters.time_by_phase_s[phase.label] += time.perf_counter() - self._t0
+        self.counters.time_by_phase_s[phase.label] += seconds
         step = trainer.global_step
         predicted_loss = self._step_predicted_loss
+        self._step_error = math.nan
         if phase.ordinary and not self._skipped and math.isfinite(self._step_loss):
-            loss = self._step_loss
-            if phase is not Phase.CORRECT:
-                self.monitor.observe(loss, self._grad_norm)
-            deltas = self._buffer_groups if self._delta_ready else None
-            stats = self.predictor.predictor.observe(step, loss, deltas)
-            self._lr_ref = self._current_lrs()
-            if stats is not None:
-                predicted_loss = stats.predicted_loss
-                if phase is Phase.CORRECT:
-                    self.corrector.observe(step, stats, self.monitor.loss_stats.std)
+            predicted_loss = self._observe(step, phase)
+        if self.bandit is not None:
+            loss = self._step_loss if phase.ordinary and not self._skipped else None
+            self.bandit.record_step(phase is Phase.PREDICT, seconds, loss, correcting=phase is Phase.CORRECT)
         if self.phase is phase and phase.ordinary:
             self._phase_step += 1
         self._advance()
         self._log(trainer, phase, predicted_loss)
+
+    def _observe(self, step: int, phase: Phase) -> float:
+        """Feed an ordinary step to the monitor, predictor, corrector and encoder; return the predicted loss."""
+        loss, encoder = self._step_loss, self.predictor.encoder
+        if phase is not Phase.CORRECT:
+            self.monitor.observe(loss, self._grad_norm)
+        features = encoder.features()  # the state before this step
+        deltas = self._buffer_groups if self._delta_ready else None
+        stats = self.predictor.predictor.observe(step, loss, deltas, features)
+        lrs = self._current_lrs()
+        self._lr_ref = lrs
+        if stats is None:
+            encoder.observe(step, loss, self._grad_norm, lrs)
+            return math.nan
+        factors, _ = self.corrector.correction(features, step, len(self._groups))
+        self._step_error = stats.scaled(factors).relative_error  # the error of the corrected prediction
+        self._errors["sum"] += self._step_error
+        self._errors["count"] += 1
+        if phase is Phase.CORRECT:
+            self.corrector.observe(step, stats, features)
+        encoder.observe(
+            step, loss, self._grad_norm, lrs, stats.actual_sq, self._step_error, loss - stats.predicted_loss
+        )
+        return stats.predicted_loss
 
     def _advance(self) -> None:
         cfg = self.config
@@ -343,6 +376,8 @@ class HybridScheduler(HybridComponent):
         elif self.phase is Phase.PREDICT and self._segment_pos >= self._plan.horizon:
             self._enter(Phase.CORRECT)
         elif self.phase is Phase.CORRECT and self._phase_step >= cfg.correction_steps:
+            if self.bandit is not None:
+                self.bandit.finish()
             self._enter(Phase.FULL)
 
     def _enter(self, phase: Phase) -> None:
@@ -357,7 +392,21 @@ class HybridScheduler(HybridComponent):
             return
         if predictor.confidence() < cfg.confidence_threshold:
             return
-        plan = self.corrector.correct(predictor.plan(self._horizon))
+        encoder = self.predictor.encoder
+        features = encoder.features()
+        horizon = self._horizon
+        if self.bandit is not None:
+            arm = self.bandit.choose(features)
+            horizon = self.bandit.arms[arm]
+            self._bandit_arm = horizon
+            if horizon == 0:  # the bandit prefers another Full cycle: that is the baseline, reward 0
+                self.bandit.update(arm, features, 0.0)
+                return
+            level, slope, _ = encoder.loss_trend()
+            self.bandit.begin(arm, features, level, slope)
+        plan, self._factors = self.corrector.correct(
+            predictor.plan(horizon, features), features, self._last_global_step
+        )
         if not self._plan_is_valid(plan, predictor.directions()):
             self.counters.invalid_plans += 1
             self._count_failed_segment()
@@ -400,6 +449,8 @@ class HybridScheduler(HybridComponent):
         self._enter(Phase.FULL)
 
     def _count_failed_segment(self) -> None:
+        if self.bandit is not None:
+            self.bandit.abort()
         self._consecutive_rollbacks += 1
         self._horizon = max(1, self._horizon // 2)
         if self._consecutive_rollbacks >= self.config.max_consecutive_rollbacks and not self._prediction_off:
@@ -446,6 +497,12 @@ class HybridScheduler(HybridComponent):
             metrics["hybrid/loss"] = self._step_loss
         if math.isfinite(predicted_loss):
             metrics["hybrid/loss_predicted"] = predicted_loss
+        if math.isfinite(self._step_error):
+            metrics["hybrid/prediction_error"] = self._step_error
+        metrics["hybrid/correction_magnitude"] = max((abs(math.log(f)) for f in self._factors), default=0.0)
+        metrics["hybrid/uncertainty"] = self.predictor.predictor.uncertainty()
+        if self.bandit is not None:
+            metrics["hybrid/bandit_arm"] = float(self._bandit_arm)
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
 
@@ -456,6 +513,10 @@ class HybridScheduler(HybridComponent):
         out["rollback_reasons"] = {**self.monitor.events, "invalid_plan": self.counters.invalid_plans}
         out["prediction_disabled"] = self._prediction_off
         out["predictor"] = self.predictor.name
+        count = self._errors["count"]
+        out["mean_prediction_error"] = self._errors["sum"] / count if count else None
+        if self.bandit is not None:
+            out["arm_counts"] = {str(arm): n for arm, n in zip(self.bandit.arms, self.bandit.counts)}
         out["final_confidence"] = self.predictor.predictor.confidence()
         out["config"] = self.config.to_dict()
         return out
@@ -472,6 +533,9 @@ class HybridScheduler(HybridComponent):
             "prediction_off": self._prediction_off,
             "lr_ref": list(self._lr_ref),
             "counters": self.counters.to_dict(),
+            "factors": list(self._factors),
+            "bandit_arm": self._bandit_arm,
+            "errors": dict(self._errors),
             "wall_time_s": self._wall_time(),
             "snapshot": None,
         }
@@ -490,6 +554,8 @@ class HybridScheduler(HybridComponent):
         self._lr_ref = [float(v) for v in state["lr_ref"]]
         self.counters = RunCounters()
         self.counters.load(state["counters"])
+        self._factors, self._bandit_arm = list(state["factors"]), int(state["bandit_arm"])
+        self._errors = dict(state["errors"])
         self._wall_base, self._wall_t0 = float(state["wall_time_s"]), 0.0
         self._snapshot_alive = state["snapshot"] is not None
         self._pending_snapshot = state["snapshot"]

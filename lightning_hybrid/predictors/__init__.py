@@ -5,10 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from lightning_hybrid.predictors.base import Plan, Predictor, UpdateStats
+from lightning_hybrid.predictors.direction import DirectionPredictor
+from lightning_hybrid.predictors.learned import LearnedPredictor
 from lightning_hybrid.predictors.linear import LinearPredictor
+from lightning_hybrid.predictors.mlp import MLPPredictor
+from lightning_hybrid.predictors.rssm import RSSMPredictor
 from lightning_hybrid.validation import check_choice
 
-PREDICTORS: dict[str, type[Predictor]] = {cls.name: cls for cls in (LinearPredictor,)}
+PREDICTORS: dict[str, type[Predictor]] = {cls.name: cls for cls in (LinearPredictor, MLPPredictor, RSSMPredictor)}
 
 
 def build_predictor(name: str, **kwargs: Any) -> Predictor:
@@ -17,4 +21,15 @@ def build_predictor(name: str, **kwargs: Any) -> Predictor:
     return PREDICTORS[name](**kwargs)
 
 
-__all__ = ["PREDICTORS", "LinearPredictor", "Plan", "Predictor", "UpdateStats", "build_predictor"]
+__all__ = [
+    "PREDICTORS",
+    "DirectionPredictor",
+    "LearnedPredictor",
+    "LinearPredictor",
+    "MLPPredictor",
+    "Plan",
+    "Predictor",
+    "RSSMPredictor",
+    "UpdateStats",
+    "build_predictor",
+]

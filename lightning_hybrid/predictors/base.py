@@ -66,6 +66,16 @@ class UpdateStats:
         total = sum(self.actual_sq)
         return math.sqrt(max(resid, 0.0) / total) if total > 0 else 0.0
 
+    def scaled(self, factors: Sequence[float]) -> UpdateStats:
+        """The same comparison for the prediction multiplied by ``factors`` (one per group)."""
+        return UpdateStats(
+            actual_sq=self.actual_sq,
+            predicted_sq=[p * f * f for p, f in zip(self.predicted_sq, factors)],
+            dot=[d * f for d, f in zip(self.dot, factors)],
+            loss=self.loss,
+            predicted_loss=self.predicted_loss,
+        )
+
     def best_scale(self, group: int) -> float:
         """The multiple of the prediction closest to the actual update (least squares)."""
         p = self.predicted_sq[group]
@@ -73,13 +83,18 @@ class UpdateStats:
 
 
 class Predictor(ABC):
-    """Base class of dynamics predictors; subclasses are registered by their ``name``."""
+    """Base class of dynamics predictors; subclasses are registered by their ``name``.
+
+    ``features`` arguments are the :class:`~lightning_hybrid.encoder.StateEncoder` vector describing the training
+    state *before* the step concerned.
+    """
 
     name: ClassVar[str]
 
     @abstractmethod
-    def setup(self, params: TensorGroups) -> None:
-        """Allocate state shaped like ``params`` (a list of parameter groups) on their device."""
+    def setup(self, params: TensorGroups, feature_dim: int) -> None:
+        """Allocate state shaped like ``params`` (a list of parameter groups) on their device; ``feature_dim`` is
+        the length of the feature vectors that :meth:`observe` and :meth:`plan` will receive."""
 
     @property
     @abstractmethod
@@ -90,13 +105,19 @@ class Predictor(ABC):
     def confidence(self) -> float:
         """Current confidence in ``[0, 1]`` that a planned segment will track real training."""
 
-    @abstractmethod
-    def observe(self, step: int, loss: float, deltas: TensorGroups | None) -> UpdateStats | None:
-        """Learn from an ordinary step. ``deltas`` is scratch the predictor may overwrite; ``None`` when only
-        the loss is known. Returns how the previous prediction compared with this update."""
+    def uncertainty(self) -> float:
+        """Disagreement of an ensemble about the next segment (0 for single models)."""
+        return 0.0
 
     @abstractmethod
-    def plan(self, horizon: int) -> Plan:
+    def observe(
+        self, step: int, loss: float, deltas: TensorGroups | None, features: Tensor | None = None
+    ) -> UpdateStats | None:
+        """Learn from an ordinary step. ``deltas`` is scratch the predictor may overwrite; ``None`` when only
+        the loss is known. Returns how the prediction for this step compared with the actual update."""
+
+    @abstractmethod
+    def plan(self, horizon: int, features: Tensor | None = None) -> Plan:
         """Plan a segment of ``horizon`` steps starting after the last observed step."""
 
     @abstractmethod

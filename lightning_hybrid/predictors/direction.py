@@ -1,0 +1,188 @@
+"""DirectionPredictor: what all built-in predictors share.
+
+Each predicted step moves parameter group ``g`` along ``m_g``, the per-tensor exponential average of recent actual
+updates, by a scale ``s_g``. The direction is tracked with a few fused ``torch._foreach_*`` ops per step (no
+copy of the model); subclasses only decide the scales and the loss trajectory, from tiny models or statistics,
+which keeps prediction cheap at any model size.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lightning_hybrid.predictors.base import Plan, Predictor, TensorGroups, UpdateStats
+from lightning_hybrid.stats import LossTrend
+from lightning_hybrid.validation import check_float, check_int
+
+
+def _sq_norms(tensors: list[Tensor]) -> Tensor:
+    """Sum of squares over a tensor list, as one fused reduction."""
+    return torch.stack(torch._foreach_norm(tensors)).float().square().sum()
+
+
+class DirectionPredictor(Predictor):
+    """Predicts each step's update as ``s_g * m_g``; subclasses supply ``s_g`` and the loss slope.
+
+    Confidence is the moving average of the share of the actual update's variance that the one-step prediction
+    explained, times ``exp(-uncertainty)`` for ensembles.
+
+    Args:
+        decay: weight of the old average in ``m`` per observed step, in ``[0, 1)``.
+        max_scale: bound on ``s_g``; a predicted step is at most this many average updates.
+        loss_window: number of recent ordinary-step losses in the loss-trend fit (>= 3).
+        bound_sigmas: width of the loss upper bound in noise standard deviations.
+        min_observations: observed updates needed before the predictor is ``ready``.
+    """
+
+    def __init__(
+        self,
+        decay: float = 0.9,
+        max_scale: float = 2.0,
+        loss_window: int = 32,
+        bound_sigmas: float = 3.0,
+        min_observations: int = 10,
+    ) -> None:
+        owner = type(self).__name__
+        self.decay = check_float(owner, "decay", decay, 0.0, 1.0 - 1e-12)
+        self.max_scale = check_float(owner, "max_scale", max_scale, 0.0, open_low=True)
+        self.loss_window = check_int(owner, "loss_window", loss_window, 3)
+        self.bound_sigmas = check_float(owner, "bound_sigmas", bound_sigmas, 0.0, open_low=True)
+        self.min_observations = check_int(owner, "min_observations", min_observations, 1)
+        self._avg: list[list[Tensor]] = []
+        self._conf = 0.0
+        self._observed = 0
+        self._trend = LossTrend(loss_window)
+        self._pending: dict[str, Any] | None = None
+
+    # -- for subclasses --------------------------------------------------------------------------------------
+    def _build(self, num_groups: int, feature_dim: int, device: torch.device) -> None:
+        """Create learned parts once the number of parameter groups and features is known."""
+
+    def _scales(self, features: Tensor | None) -> list[float]:
+        """One-step scale per group, in ``[0, max_scale]``."""
+        raise NotImplementedError
+
+    def _trajectory(self, features: Tensor | None, horizon: int) -> tuple[list[list[float]], list[float]]:
+        """Scales for each of ``horizon`` steps, and the loss change per step for ``horizon + 1`` steps."""
+        _, slope, _ = self._trend.fit()
+        return [self._scales(features)] * horizon, [slope] * (horizon + 1)
+
+    def _learn(self, features: Tensor | None, dots: list[float], avg_sq: list[float], loss_change: float) -> None:
+        """Learn from one observed step: ``<delta, m>``, ``||m||^2`` per group, and the per-step loss change
+        divided by the loss noise."""
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {}
+
+    def _load_extra_state(self, state: dict[str, Any]) -> None:
+        pass
+
+    # -- Predictor -------------------------------------------------------------------------------------------
+    def setup(self, params: TensorGroups, feature_dim: int) -> None:
+        shapes = [[tuple(p.shape) for p in group] for group in params]
+        if shapes != [[tuple(t.shape) for t in group] for group in self._avg]:
+            self._avg = [[torch.zeros_like(p) for p in group] for group in params]
+            self._build(len(params), feature_dim, params[0][0].device)
+        if self._pending is not None:
+            state, self._pending = self._pending, None
+            self.load_state_dict(state)
+
+    @property
+    def ready(self) -> bool:
+        return self._observed >= self.min_observations and len(self._trend) >= 3
+
+    def confidence(self) -> float:
+        return self._conf * math.exp(-self.uncertainty())
+
+    def observe(
+        self, step: int, loss: float, deltas: TensorGroups | None, features: Tensor | None = None
+    ) -> UpdateStats | None:
+        level, slope, noise = self._trend.fit()
+        last_step = self._trend.points[-1][0] if len(self._trend) else step
+        predicted_loss = level + slope * (step - last_step) if len(self._trend) else math.nan
+        self._trend.add(step, loss)
+        if deltas is None:
+            return None
+        scales = self._scales(features)
+        actual_sq, avg_sq, dots = self._track(deltas)
+        stats = UpdateStats(
+            actual_sq=actual_sq,
+            predicted_sq=[s * s * m for s, m in zip(scales, avg_sq)],
+            dot=[s * d for s, d in zip(scales, dots)],
+            loss=loss,
+            predicted_loss=predicted_loss,
+        )
+        gap = max(step - last_step, 1)
+        loss_change = (loss - self._trend.points[-2][1]) / gap if len(self._trend) > 1 else 0.0
+        noise = noise if math.isfinite(noise) and noise > 0 else 1.0
+        self._learn(features, dots, avg_sq, min(max(loss_change / noise, -5.0), 5.0))
+        explained = 1.0 - stats.relative_error**2 if sum(actual_sq) > 0 else 0.0
+        explained = min(max(explained, 0.0), 1.0) if math.isfinite(explained) else 0.0
+        self._conf = self.decay * self._conf + (1 - self.decay) * explained if self._observed else explained
+        self._observed += 1
+        return stats
+
+    def _track(self, deltas: TensorGroups) -> tuple[list[float], list[float], list[float]]:
+        """Fold ``deltas`` into the averages; return ``||delta||^2``, ``||m||^2`` and ``<delta, m>`` per group."""
+        rows = []
+        with torch.no_grad():
+            for delta, avg in zip(deltas, self._avg):
+                delta = list(delta)
+                actual = _sq_norms(delta)
+                old = _sq_norms(avg)
+                torch._foreach_sub_(delta, avg)  # delta := delta - m
+                diff = _sq_norms(delta)
+                torch._foreach_add_(avg, delta, alpha=1.0 - self.decay)  # m += (1 - decay) * (delta - m)
+                rows.append(torch.stack([actual, old, diff]))
+        actual_sq, avg_sq, diff_sq = torch.stack(rows).double().T.tolist()  # one host sync per step
+        dots = [(a + m - d) / 2 for a, m, d in zip(actual_sq, avg_sq, diff_sq)]  # <delta, m> by polarisation
+        return actual_sq, avg_sq, dots
+
+    def _clip_scale(self, value: float) -> float:
+        return min(max(value, 0.0), self.max_scale) if math.isfinite(value) else 0.0
+
+    def plan(self, horizon: int, features: Tensor | None = None) -> Plan:
+        level, slope, noise = self._trend.fit()
+        scales, changes = self._trajectory(features, horizon)
+        loss, upper, total, drift = [], [], level, 0.0
+        for h, change in enumerate(changes, start=1):
+            total += change
+            drift += abs(change)
+            loss.append(total)
+            upper.append(total + self.bound_sigmas * (noise + max(drift, abs(slope) * h)))
+        scales = [[self._clip_scale(s) for s in row] for row in scales]
+        return Plan(scales=scales, loss=loss, loss_upper=upper, confidence=self.confidence())
+
+    def directions(self) -> TensorGroups:
+        return self._avg
+
+    # -- state -----------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "avg": [[t.detach().clone() for t in group] for group in self._avg],
+            "conf": self._conf,
+            "observed": self._observed,
+            "trend": self._trend.state_dict(),
+            "extra": self._extra_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not self._avg:
+            self._pending = state
+            return
+        shapes = [[tuple(t.shape) for t in g] for g in self._avg]
+        saved = [[tuple(t.shape) for t in g] for g in state["avg"]]
+        if shapes != saved:
+            raise ValueError(
+                f"{type(self).__name__}: checkpointed update averages have shapes {saved}, the model has {shapes}"
+            )
+        with torch.no_grad():
+            for dst, src in zip(self._avg, state["avg"]):
+                torch._foreach_copy_(dst, [s.to(d.device) for s, d in zip(src, dst)])
+        self._conf, self._observed = float(state["conf"]), int(state["observed"])
+        self._trend.load_state_dict(state["trend"])
+        self._load_extra_state(state["extra"])
