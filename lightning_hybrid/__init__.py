@@ -3,6 +3,7 @@
 from lightning_hybrid.callbacks import (
     DivergenceMonitor,
     DynamicsPredictor,
+    HorizonBandit,
     HybridScheduler,
     ResidualCorrector,
     hybrid_callbacks,
@@ -18,6 +19,7 @@ __version__ = "0.1.0"
 __all__ = [
     "DivergenceMonitor",
     "DynamicsPredictor",
+    "HorizonBandit",
     "HybridConfig",
     "HybridDDPStrategy",
     "HybridPredictStrategy",

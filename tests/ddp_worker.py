@@ -11,8 +11,8 @@ import lightning as L
 import torch
 
 from lightning_hybrid import HybridDDPStrategy, HybridScheduler, hybrid_callbacks
-from tests.helpers import FAST, RegressionModel, flat_params, hybrid_trainer, loader
-from tests.test_resume import _callbacks
+from tests.helpers import FAST, FAST_PHASES, RegressionModel, flat_params, hybrid_trainer, loader
+from tests.test_resume import LEARNED, _callbacks
 
 
 class Record(L.Callback):
@@ -27,9 +27,14 @@ class Record(L.Callback):
         self.phases.append(int(scheduler.phase))
 
 
-def main(out_dir: str, exploding: str) -> None:
+def main(out_dir: str, kind: str) -> None:
     record = Record()
-    callbacks = _callbacks(exploding=True) if exploding == "1" else hybrid_callbacks(**FAST)
+    if kind == "linear":
+        callbacks = hybrid_callbacks(**FAST)
+    elif kind == "exploding":
+        callbacks = _callbacks("exploding")
+    else:  # a learned predictor with the bandit timing steps in wall-clock seconds, which differ per rank
+        callbacks = hybrid_callbacks(predictor=kind, **FAST_PHASES, **LEARNED[kind])
     trainer, _ = hybrid_trainer(
         60,
         hybrid=callbacks,

@@ -143,7 +143,9 @@ def scheduler_of(trainer: L.Trainer) -> HybridScheduler:
     return next(cb for cb in trainer.callbacks if isinstance(cb, HybridScheduler))
 
 
-FAST = dict(warmup_steps=5, full_steps=6, max_predict_steps=4, confidence_threshold=0.0, correction_steps=2)
+# Short phases that always predict: no bandit, the horizon follows the scheduler's halve-on-failure rule.
+FAST_PHASES = dict(warmup_steps=5, full_steps=6, max_predict_steps=4, confidence_threshold=0.0, correction_steps=2)
+FAST = {**FAST_PHASES, "bandit": False}
 
 
 def hybrid_trainer(

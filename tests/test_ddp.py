@@ -20,7 +20,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(out_dir: Path, exploding: bool, world_size: int = 2) -> list[dict]:
+def run_ranks(out_dir: Path, kind: str, world_size: int = 2) -> list[dict]:
     port = _free_port()
     procs = []
     for rank in range(world_size):
@@ -35,7 +35,7 @@ def run_ranks(out_dir: Path, exploding: bool, world_size: int = 2) -> list[dict]
             "OMP_NUM_THREADS": "1",
             "PYTHONPATH": str(ROOT),
         }
-        cmd = [sys.executable, "-m", "tests.ddp_worker", str(out_dir), "1" if exploding else "0"]
+        cmd = [sys.executable, "-m", "tests.ddp_worker", str(out_dir), kind]
         procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     for proc in procs:
         out, _ = proc.communicate(timeout=300)
@@ -43,9 +43,9 @@ def run_ranks(out_dir: Path, exploding: bool, world_size: int = 2) -> list[dict]
     return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
 
 
-@pytest.mark.parametrize("exploding", [False, True], ids=["accepting", "rolling-back"])
-def test_ranks_stay_identical(tmp_path, exploding):
-    rank0, rank1 = run_ranks(tmp_path, exploding)
+@pytest.mark.parametrize("kind", ["linear", "exploding", "rssm"], ids=["accepting", "rolling-back", "rssm-bandit"])
+def test_ranks_stay_identical(tmp_path, kind):
+    rank0, rank1 = run_ranks(tmp_path, kind)
     assert not torch.equal(rank0["first_batch"], rank1["first_batch"]), "ranks should see different data"
     assert rank0["phases"] == rank1["phases"]
     assert Phase.PREDICT in rank0["phases"] and Phase.CORRECT in rank0["phases"]
@@ -55,5 +55,7 @@ def test_ranks_stay_identical(tmp_path, exploding):
     # decisions come from losses averaged over ranks: the loss statistics behind them are identical too
     assert rank0["monitor"] == rank1["monitor"]
     assert rank0["loss_trend"] == rank1["loss_trend"]
-    if exploding:
+    if kind == "exploding":
         assert rank0["summary"]["rollbacks"] >= 1
+    if kind == "rssm":
+        assert rank0["summary"]["arm_counts"] == rank1["summary"]["arm_counts"]

@@ -10,7 +10,7 @@ from lightning_hybrid import DivergenceMonitor, Phase, hybrid_callbacks
 from lightning_hybrid.callbacks import DynamicsPredictor, HybridScheduler, ResidualCorrector
 from lightning_hybrid.config import HybridConfig
 from lightning_hybrid.predictors import LinearPredictor, Plan
-from tests.helpers import FAST, RegressionModel, flat_params, hybrid_trainer, loader, phases
+from tests.helpers import FAST_PHASES, RegressionModel, flat_params, hybrid_trainer, loader, phases
 
 
 class ScaledPredictor(LinearPredictor):
@@ -34,7 +34,7 @@ class NanDirectionPredictor(LinearPredictor):
 
 
 def _trainer(predictor, max_steps=60, config=None, extra=(), **kwargs):
-    scheduler = HybridScheduler(config or HybridConfig(**FAST))
+    scheduler = HybridScheduler(config or HybridConfig(**FAST_PHASES))
     hybrid = [scheduler, DynamicsPredictor(predictor), ResidualCorrector(), DivergenceMonitor()]
     trainer, logger = hybrid_trainer(max_steps, hybrid=hybrid, extra_callbacks=list(extra), **kwargs)
     return trainer, logger, scheduler
@@ -78,7 +78,7 @@ def test_exploding_prediction_is_rolled_back_bitwise():
 
 def test_segment_checked_only_at_the_first_correct_step_is_rolled_back_there():
     watch = SegmentWatch()
-    config = HybridConfig(**{**FAST, "predict_forward_every": 0})
+    config = HybridConfig(**{**FAST_PHASES, "predict_forward_every": 0})
     trainer, _logger, scheduler = _trainer(ScaledPredictor(factor=1e4, every=1), config=config, extra=[watch])
     model = RegressionModel()
     trainer.fit(model, loader())
@@ -90,7 +90,7 @@ def test_segment_checked_only_at_the_first_correct_step_is_rolled_back_there():
 
 
 def test_prediction_switches_off_after_consecutive_rollbacks():
-    config = HybridConfig(**{**FAST, "max_consecutive_rollbacks": 2})
+    config = HybridConfig(**{**FAST_PHASES, "max_consecutive_rollbacks": 2})
     trainer, logger, scheduler = _trainer(ScaledPredictor(factor=1e4), config=config, max_steps=120)
     with pytest.warns(UserWarning, match="prediction is off"):
         trainer.fit(RegressionModel(), loader())
@@ -101,12 +101,12 @@ def test_prediction_switches_off_after_consecutive_rollbacks():
     assert last_predict < 60  # the rest of the run is plain training
     # after each failure the horizon halves
     horizons = [v for v in logger.series("hybrid/horizon").values() if v > 0]
-    assert max(horizons) == FAST["max_predict_steps"]
+    assert max(horizons) == FAST_PHASES["max_predict_steps"]
 
 
 def test_invalid_plan_is_refused_before_touching_the_weights():
     watch = SegmentWatch()
-    config = HybridConfig(**{**FAST, "max_consecutive_rollbacks": 3})
+    config = HybridConfig(**{**FAST_PHASES, "max_consecutive_rollbacks": 3})
     trainer, _logger, scheduler = _trainer(NanDirectionPredictor(), config=config, extra=[watch])
     with pytest.warns(UserWarning, match="prediction is off"):
         trainer.fit(model := RegressionModel(), loader())

@@ -5,6 +5,7 @@ the checkpoints plain Lightning itself resumes from bitwise (mid-epoch it restar
 the epoch's first batch, and ``every_n_epochs`` checkpoints were not exact for plain training either).
 """
 
+import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -34,24 +35,29 @@ class SometimesExploding(LinearPredictor):
         return plan
 
 
-def _callbacks(exploding: bool):
-    if not exploding:
-        return hybrid_callbacks(**SETTINGS)
-    return [
-        HybridScheduler(**SETTINGS),
-        DynamicsPredictor(SometimesExploding()),
-        ResidualCorrector(),
-        DivergenceMonitor(),
-    ]
+LEARNED = {
+    "mlp": dict(train_every=2, batch_size=4, min_observations=3),
+    "rssm": dict(train_every=2, batch_size=4, window=4, min_observations=3),
+}
 
 
-def _run(root, ckpt_path=None, checkpoint_every_epoch=False, exploding=False):
+def _callbacks(kind: str):
+    if kind == "linear":
+        return hybrid_callbacks(**SETTINGS, bandit=False)
+    if kind == "exploding":
+        predictor = DynamicsPredictor(SometimesExploding())
+        return [HybridScheduler(**SETTINGS), predictor, ResidualCorrector(), DivergenceMonitor()]
+    # learned predictors with the bandit, whose step-count costs make its decisions deterministic
+    return hybrid_callbacks(predictor=kind, cost="steps", alpha=2.0, **SETTINGS, **LEARNED[kind])
+
+
+def _run(root, ckpt_path=None, checkpoint_every_epoch=False, kind="linear"):
     extra = []
     if checkpoint_every_epoch:
         extra.append(ModelCheckpoint(dirpath=root / "ckpt", save_top_k=-1, every_n_train_steps=2, filename="{step}"))
     trainer, _ = hybrid_trainer(
         STEPS,
-        hybrid=_callbacks(exploding),
+        hybrid=_callbacks(kind),
         extra_callbacks=extra,
         logger=False,
         enable_checkpointing=checkpoint_every_epoch,
@@ -92,7 +98,7 @@ def test_resume_from_every_phase_is_bitwise_exact(tmp_path):
 
 
 def test_resume_mid_predict_then_roll_back_restores_the_checkpointed_snapshot(tmp_path):
-    model, trainer = _run(tmp_path / "full", checkpoint_every_epoch=True, exploding=True)
+    model, trainer = _run(tmp_path / "full", checkpoint_every_epoch=True, kind="exploding")
     reference = flat_params(model)
     assert scheduler_of(trainer).counters.rollbacks >= 2
     ckpts = sorted((tmp_path / "full" / "ckpt").glob("*.ckpt"), key=lambda p: int(p.stem.split("=")[1]))
@@ -107,5 +113,20 @@ def test_resume_mid_predict_then_roll_back_restores_the_checkpointed_snapshot(tm
     ]
     assert followed_by_rollback
     for path in followed_by_rollback:
-        resumed, _ = _run(tmp_path / f"resume_{path.stem}", ckpt_path=path, exploding=True)
+        resumed, _ = _run(tmp_path / f"resume_{path.stem}", ckpt_path=path, kind="exploding")
         assert torch.equal(flat_params(resumed), reference), path.name
+
+
+@pytest.mark.parametrize("kind", ["mlp", "rssm"])
+def test_resume_with_a_learned_predictor_and_the_bandit_is_bitwise_exact(tmp_path, kind):
+    model, trainer = _run(tmp_path / "full", checkpoint_every_epoch=True, kind=kind)
+    reference = flat_params(model)
+    scheduler = scheduler_of(trainer)
+    assert scheduler.predictor.predictor.train_steps > 0
+    assert sum(scheduler.bandit.counts) > 0
+    assert scheduler.counters.steps_by_phase["predict"] > 0
+    ckpts = {int(p.stem.split("=")[1]): p for p in (tmp_path / "full" / "ckpt").glob("*.ckpt")}
+    mid_predict = [s for s, p in sorted(ckpts.items()) if _state(p)["snapshot"] is not None]
+    for step in sorted({10, 24, *mid_predict[:1]}):
+        resumed, _ = _run(tmp_path / f"resume_{step}", ckpt_path=ckpts[step], kind=kind)
+        assert torch.equal(flat_params(resumed), reference), f"resume from step {step} diverged"

@@ -8,6 +8,7 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 
+from lightning_hybrid.callbacks.bandit import HorizonBandit
 from lightning_hybrid.callbacks.base import HybridComponent
 from lightning_hybrid.callbacks.corrector import ResidualCorrector
 from lightning_hybrid.callbacks.monitor import DivergenceMonitor
@@ -22,6 +23,15 @@ def _settings_of(cls: type) -> set[str]:
     return {name for name in inspect.signature(cls.__init__).parameters if name not in ("self", "args", "kwargs")}
 
 
+def _predictor_settings(cls: type) -> set[str]:
+    """Settings of a predictor class, including those its bases take through ``**kwargs``."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        if "__init__" in vars(klass) and klass is not object:
+            names |= _settings_of(klass)
+    return names
+
+
 def hybrid_callbacks(
     predictor: str = "linear",
     warmup_steps: int = 100,
@@ -30,22 +40,27 @@ def hybrid_callbacks(
     confidence_threshold: float = 0.5,
     predict_forward_every: int = 1,
     correction_steps: int = 5,
+    bandit: bool = True,
     **more: Any,
 ) -> list[Callback]:
     """The callbacks hybrid training needs, with settings applied.
 
-    The named arguments are the phase settings (see :class:`HybridConfig`). Any other keyword goes to the
-    component that owns a setting of that name: :class:`HybridConfig`, :class:`DivergenceMonitor`,
-    :class:`ResidualCorrector`, or the chosen predictor (e.g. ``decay`` of ``linear``). Unknown names raise.
+    The named arguments are the phase settings (see :class:`HybridConfig`); ``bandit=False`` leaves out the
+    :class:`HorizonBandit`, and the horizon then follows the scheduler's halve-on-failure rule. Any other keyword
+    goes to the component that owns a setting of that name: :class:`HybridConfig`, :class:`DivergenceMonitor`,
+    :class:`ResidualCorrector`, :class:`HorizonBandit`, :class:`DynamicsPredictor` (``feature_dim``), or the
+    chosen predictor (e.g. ``decay`` of ``linear``). Unknown or ambiguous names raise ``TypeError``.
     """
     check_choice("hybrid_callbacks", "predictor", predictor, PREDICTORS)
-    owners: dict[str, dict[str, Any]] = {"config": {}, "monitor": {}, "corrector": {}, "predictor": {}}
     known = {
         "config": {f.name for f in fields(HybridConfig)},
         "monitor": _settings_of(DivergenceMonitor),
         "corrector": _settings_of(ResidualCorrector),
-        "predictor": _settings_of(PREDICTORS[predictor]),
+        "bandit": _settings_of(HorizonBandit) if bandit else set(),
+        "host": {"feature_dim"},
+        "predictor": _predictor_settings(PREDICTORS[predictor]),
     }
+    owners: dict[str, dict[str, Any]] = {owner: {} for owner in known}
     for name, value in more.items():
         matches = [o for o, names in known.items() if name in names]
         if not matches:
@@ -65,17 +80,21 @@ def hybrid_callbacks(
         correction_steps=correction_steps,
         **owners["config"],
     )
-    return [
+    callbacks: list[Callback] = [
         HybridScheduler(config),
-        DynamicsPredictor(predictor, predictor_kwargs=owners["predictor"]),
+        DynamicsPredictor(predictor, predictor_kwargs=owners["predictor"], **owners["host"]),
         ResidualCorrector(**owners["corrector"]),
         DivergenceMonitor(**owners["monitor"]),
     ]
+    if bandit:
+        callbacks.append(HorizonBandit(**owners["bandit"]))
+    return callbacks
 
 
 __all__ = [
     "DivergenceMonitor",
     "DynamicsPredictor",
+    "HorizonBandit",
     "HybridComponent",
     "HybridScheduler",
     "ResidualCorrector",

@@ -336,6 +336,8 @@ class HybridScheduler(HybridComponent):
         if phase.ordinary and not self._skipped and math.isfinite(self._step_loss):
             predicted_loss = self._observe(step, phase)
         if self.bandit is not None:
+            if self.bandit.cost == "wall" and trainer.world_size > 1:  # every rank must see the same costs
+                seconds = self._reduce([torch.tensor(seconds)])[0]
             loss = self._step_loss if phase.ordinary and not self._skipped else None
             self.bandit.record_step(phase is Phase.PREDICT, seconds, loss, correcting=phase is Phase.CORRECT)
         if self.phase is phase and phase.ordinary:
@@ -402,8 +404,8 @@ class HybridScheduler(HybridComponent):
             if horizon == 0:  # the bandit prefers another Full cycle: that is the baseline, reward 0
                 self.bandit.update(arm, features, 0.0)
                 return
-            level, slope, _ = encoder.loss_trend()
-            self.bandit.begin(arm, features, level, slope)
+            _, slope, noise = encoder.loss_trend()
+            self.bandit.begin(arm, features, slope, noise)
         plan, self._factors = self.corrector.correct(
             predictor.plan(horizon, features), features, self._last_global_step
         )

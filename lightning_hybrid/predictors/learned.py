@@ -9,6 +9,7 @@ generator are all checkpointed, so resumed runs continue exactly.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -113,7 +114,7 @@ class LearnedPredictor(DirectionPredictor):
     def _extra_state(self) -> dict[str, Any]:
         return {
             "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),  # its tensors are live otherwise
             "x": self._x.clone(),
             "y": self._y.clone(),
             "rows": self._rows,

@@ -47,10 +47,6 @@ def _sample(logits: Tensor, noise: Tensor) -> Tensor:
     return (onehot + probs - probs.detach()).flatten(-2)
 
 
-def _mode(logits: Tensor) -> Tensor:
-    return F.one_hot(logits.argmax(-1), logits.shape[-1]).float().flatten(-2)
-
-
 class RSSMPredictor(LearnedPredictor):
     """Ensemble of RSSM-lite models trained online on windows of the run's own history.
 
@@ -60,6 +56,8 @@ class RSSMPredictor(LearnedPredictor):
         classes: classes per categorical variable.
         window: length of the training windows (the first quarter is burn-in).
         kl_weight: weight of the KL term between posterior and prior.
+        free_nats: KL below this many nats is not penalised (DreamerV3's free bits), so the posterior keeps the
+            information the decoder needs.
         **kwargs: the settings of :class:`LearnedPredictor` and :class:`DirectionPredictor`.
     """
 
@@ -72,17 +70,20 @@ class RSSMPredictor(LearnedPredictor):
         classes: int = 4,
         window: int = 16,
         kl_weight: float = 0.1,
+        free_nats: float = 1.0,
+        lr: float = 3e-2,
         train_every: int = 16,
         batch_size: int = 8,
         **kwargs: Any,
     ) -> None:
-        super().__init__(train_every=train_every, batch_size=batch_size, **kwargs)
+        super().__init__(lr=lr, train_every=train_every, batch_size=batch_size, **kwargs)
         owner = "RSSMPredictor"
         self.ensemble = check_int(owner, "ensemble", ensemble, 1)
         self.categoricals = check_int(owner, "categoricals", categoricals, 1)
         self.classes = check_int(owner, "classes", classes, 2)
         self.window = check_int(owner, "window", window, 4)
         self.kl_weight = check_float(owner, "kl_weight", kl_weight, 0.0)
+        self.free_nats = check_float(owner, "free_nats", free_nats, 0.0)
         if self.window > self.buffer_size:
             raise ValueError(f"RSSMPredictor: `window` must be <= buffer_size ({self.buffer_size}), got {window}")
         self._h = torch.empty(0)
@@ -125,8 +126,8 @@ class RSSMPredictor(LearnedPredictor):
                 if t < burn_in:
                     continue
                 total = total + F.mse_loss(self._decode(member, h, z), y[:, t])
-                kl = (post.softmax(-1) * (post.log_softmax(-1) - prior.log_softmax(-1))).sum((-2, -1)).mean()
-                total = total + self.kl_weight * kl
+                kl = (post.softmax(-1) * (post.log_softmax(-1) - prior.log_softmax(-1))).sum((-2, -1))
+                total = total + self.kl_weight * kl.clamp_min(self.free_nats).mean()  # free bits
         return total / (self.ensemble * (length - burn_in))
 
     def _learn(self, features: Tensor | None, dots: list[float], avg_sq: list[float], loss_change: float) -> None:
@@ -135,7 +136,7 @@ class RSSMPredictor(LearnedPredictor):
             x = self._features(features)
             for i, member in enumerate(self.model):
                 h, _, post = member.step(self._h[i : i + 1], self._z[i : i + 1], x[None])
-                self._h[i], self._z[i] = h[0], _mode(post)[0]
+                self._h[i], self._z[i] = h[0], post.softmax(-1).flatten(-2)[0]
 
     # -- prediction ------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -147,7 +148,7 @@ class RSSMPredictor(LearnedPredictor):
         out = []
         for i, member in enumerate(self.model):
             h, _, post = member.step(self._h[i : i + 1], self._z[i : i + 1], x)
-            z = _mode(post)
+            z = post.softmax(-1).flatten(-2)
             steps = [self._decode(member, h, z)[0]]
             for _ in range(horizon - 1):
                 h, prior, _ = member.step(h, z, None)
