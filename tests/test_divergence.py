@@ -6,7 +6,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from lightning_hybrid import DivergenceMonitor, Phase, hybrid_callbacks
+from lightning_hybrid import DivergenceMonitor, HorizonBandit, Phase, hybrid_callbacks
 from lightning_hybrid.callbacks import DynamicsPredictor, HybridScheduler, ResidualCorrector
 from lightning_hybrid.config import HybridConfig
 from lightning_hybrid.predictors import LinearPredictor, Plan
@@ -204,4 +204,5 @@ def test_monitor_state_round_trips():
 
 def test_hybrid_callbacks_default_set_is_complete():
     kinds = {type(cb) for cb in hybrid_callbacks()}
-    assert kinds == {HybridScheduler, DynamicsPredictor, ResidualCorrector, DivergenceMonitor}
+    assert kinds == {HybridScheduler, DynamicsPredictor, ResidualCorrector, DivergenceMonitor, HorizonBandit}
+    assert HorizonBandit not in {type(cb) for cb in hybrid_callbacks(bandit=False)}
