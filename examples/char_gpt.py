@@ -5,6 +5,7 @@ Needs no download: the corpus is every ``.py`` file under this interpreter's sta
     python -m examples.char_gpt                   # hybrid training, prints the hybrid summary
     python -m examples.char_gpt --plain           # the same run with plain Lightning, for comparison
     python -m examples.char_gpt --confidence-threshold 0.3   # let the linear predictor predict more often
+    python -m examples.char_gpt --predictor rssm             # linear, mlp or rssm
     python -m examples.char_gpt --max-steps 2000 --devices 2 --strategy hybrid_ddp
 """
 
@@ -162,6 +163,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-steps", type=int, default=600)
     parser.add_argument("--plain", action="store_true", help="train with plain Lightning instead")
+    parser.add_argument("--predictor", default="linear", choices=["linear", "mlp", "rssm"])
     parser.add_argument("--confidence-threshold", type=float, default=0.5)
     parser.add_argument("--predict-forward-every", type=int, default=1)
     parser.add_argument("--strategy", default="hybrid", help="hybrid (one device) or hybrid_ddp")
@@ -173,6 +175,7 @@ def main() -> None:
     L.seed_everything(args.seed)
     model = CharGPT(max_steps=args.max_steps)
     callbacks = hybrid_callbacks(
+        predictor=args.predictor,
         warmup_steps=100,
         full_steps=20,
         max_predict_steps=10,
