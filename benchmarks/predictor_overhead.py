@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from examples.char_gpt import CharGPT, StdlibText
+from lightning_hybrid.demos.char_gpt import CharGPT, StdlibText
 from lightning_hybrid.encoder import StateEncoder
 from lightning_hybrid.predictors import build_predictor
 

@@ -1,162 +1,25 @@
 """Character-level GPT on the Python standard library's own source, trained with hybrid predictive training.
 
-Needs no download: the corpus is every ``.py`` file under this interpreter's standard library, in sorted order.
+The model and data (``lightning_hybrid.demos.char_gpt``) are ordinary Lightning code; hybrid training is the
+strategy and the callbacks given to the Trainer. Nothing is downloaded.
 
     python -m examples.char_gpt                   # hybrid training, prints the hybrid summary
     python -m examples.char_gpt --plain           # the same run with plain Lightning, for comparison
-    python -m examples.char_gpt --confidence-threshold 0.3   # let the linear predictor predict more often
+    python -m examples.char_gpt --confidence-threshold 0.3   # let the predictor predict more often
     python -m examples.char_gpt --predictor rssm             # linear, mlp or rssm
     python -m examples.char_gpt --max-steps 2000 --devices 2 --strategy hybrid_ddp
+
+The same run through the Hydra app: ``lightning-hybrid-train experiment=char_gpt``.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
-import sysconfig
-from pathlib import Path
 
 import lightning as L
-import torch
-import torch.nn.functional as F
-from torch import nn
-from torch.utils.data import DataLoader, Dataset
 
 from lightning_hybrid import hybrid_callbacks
-
-# ----------------------------------------------------------------------------------------------------- data
-
-
-def stdlib_corpus(max_bytes: int) -> bytes:
-    """The first ``max_bytes`` of the standard library's ``.py`` files, concatenated in sorted path order."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    chunks, total = [], 0
-    for path in sorted(root.rglob("*.py")):
-        if "site-packages" in path.parts or "test" in path.parts:
-            continue
-        data = path.read_bytes()
-        chunks.append(data)
-        total += len(data)
-        if total >= max_bytes:
-            break
-    return b"".join(chunks)[:max_bytes]
-
-
-class ByteWindows(Dataset):
-    """Next-byte prediction windows over a byte string (vocabulary: the 256 byte values)."""
-
-    def __init__(self, data: bytes, block_size: int) -> None:
-        self.data = torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
-        self.block_size = block_size
-
-    def __len__(self) -> int:
-        return (len(self.data) - 1) // self.block_size
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        chunk = self.data[i * self.block_size : (i + 1) * self.block_size + 1]
-        return chunk[:-1], chunk[1:]
-
-
-class StdlibText(L.LightningDataModule):
-    """Train/validation windows from the standard-library corpus (the last ``val_fraction`` is validation)."""
-
-    def __init__(
-        self, block_size: int = 64, batch_size: int = 32, max_bytes: int = 1_000_000, val_fraction: float = 0.1
-    ) -> None:
-        super().__init__()
-        self.block_size, self.batch_size, self.max_bytes, self.val_fraction = (
-            block_size,
-            batch_size,
-            max_bytes,
-            val_fraction,
-        )
-
-    def setup(self, stage: str) -> None:
-        corpus = stdlib_corpus(self.max_bytes)
-        split = int(len(corpus) * (1 - self.val_fraction))
-        self.train_set = ByteWindows(corpus[:split], self.block_size)
-        self.val_set = ByteWindows(corpus[split:], self.block_size)
-
-    def train_dataloader(self) -> DataLoader:
-        generator = torch.Generator().manual_seed(0)
-        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, generator=generator)
-
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_set, batch_size=self.batch_size)
-
-
-# ---------------------------------------------------------------------------------------------------- model
-
-
-class Block(nn.Module):
-    def __init__(self, n_embd: int, n_head: int) -> None:
-        super().__init__()
-        self.n_head = n_head
-        self.ln1, self.ln2 = nn.LayerNorm(n_embd), nn.LayerNorm(n_embd)
-        self.qkv, self.proj = nn.Linear(n_embd, 3 * n_embd), nn.Linear(n_embd, n_embd)
-        self.mlp = nn.Sequential(nn.Linear(n_embd, 4 * n_embd), nn.GELU(), nn.Linear(4 * n_embd, n_embd))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, c)
-        x = x + self.proj(y)
-        return x + self.mlp(self.ln2(x))
-
-
-class CharGPT(L.LightningModule):
-    """A small GPT over bytes; an ordinary LightningModule that knows nothing of hybrid training."""
-
-    def __init__(
-        self,
-        n_layer: int = 2,
-        n_head: int = 4,
-        n_embd: int = 128,
-        block_size: int = 64,
-        lr: float = 3e-3,
-        warmup_steps: int = 50,
-        max_steps: int = 600,
-    ) -> None:
-        super().__init__()
-        self.save_hyperparameters()
-        self.tok = nn.Embedding(256, n_embd)
-        self.pos = nn.Embedding(block_size, n_embd)
-        self.blocks = nn.Sequential(*[Block(n_embd, n_head) for _ in range(n_layer)])
-        self.ln = nn.LayerNorm(n_embd)
-        self.head = nn.Linear(n_embd, 256, bias=False)
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(idx.shape[1], device=idx.device)
-        return self.head(self.ln(self.blocks(self.tok(idx) + self.pos(pos))))
-
-    def _loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        x, y = batch
-        return F.cross_entropy(self(x).flatten(0, 1), y.flatten())
-
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        loss = self._loss(batch)
-        self.log("train_loss", loss, prog_bar=True)
-        return loss
-
-    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        self.log("val_loss", self._loss(batch), prog_bar=True)
-
-    def configure_optimizers(self) -> dict:
-        hp = self.hparams
-        opt = torch.optim.AdamW(self.parameters(), lr=hp.lr, weight_decay=0.01)
-
-        def schedule(step: int) -> float:  # linear warmup, then cosine to 10%
-            if step < hp.warmup_steps:
-                return (step + 1) / hp.warmup_steps
-            progress = min(1.0, (step - hp.warmup_steps) / max(1, hp.max_steps - hp.warmup_steps))
-            return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
-
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
-
-
-# ----------------------------------------------------------------------------------------------------- main
+from lightning_hybrid.demos.char_gpt import CharGPT, StdlibText
 
 
 def main() -> None:
@@ -176,9 +39,6 @@ def main() -> None:
     model = CharGPT(max_steps=args.max_steps)
     callbacks = hybrid_callbacks(
         predictor=args.predictor,
-        warmup_steps=100,
-        full_steps=20,
-        max_predict_steps=10,
         confidence_threshold=args.confidence_threshold,
         predict_forward_every=args.predict_forward_every,
     )
@@ -192,7 +52,7 @@ def main() -> None:
         default_root_dir=args.root,
         enable_checkpointing=False,
     )
-    data = StdlibText()
+    data = StdlibText(seed=args.seed)
     trainer.fit(model, data)
     final = trainer.validate(model, data, verbose=False)[0]["val_loss"]
     print(f"final val_loss: {final:.4f}")

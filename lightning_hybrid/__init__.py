@@ -4,11 +4,13 @@ from lightning_hybrid.callbacks import (
     DivergenceMonitor,
     DynamicsPredictor,
     HorizonBandit,
+    HybridProgressBar,
     HybridScheduler,
     ResidualCorrector,
     hybrid_callbacks,
 )
 from lightning_hybrid.config import HybridConfig
+from lightning_hybrid.meter import RunMeter
 from lightning_hybrid.phase import Phase
 from lightning_hybrid.strategy import HybridDDPStrategy, HybridPredictStrategy, register_strategies
 
@@ -23,8 +25,10 @@ __all__ = [
     "HybridConfig",
     "HybridDDPStrategy",
     "HybridPredictStrategy",
+    "HybridProgressBar",
     "HybridScheduler",
     "Phase",
     "ResidualCorrector",
+    "RunMeter",
     "hybrid_callbacks",
 ]

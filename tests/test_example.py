@@ -1,4 +1,4 @@
-"""The quick-start example trains end to end (a few steps here; the README runs it in full)."""
+"""The example scripts train end to end (a few steps here; the README runs them in full), on local data."""
 
 import json
 import subprocess
@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from examples.char_gpt import ByteWindows, stdlib_corpus
+from lightning_hybrid.demos.char_gpt import ByteWindows, stdlib_corpus
+from lightning_hybrid.demos.digits_cnn import DigitsData
+from lightning_hybrid.demos.word_lstm import PydocWords, pydoc_words
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,3 +36,31 @@ def test_example_script_runs_and_writes_its_summary(tmp_path, predictor):
     assert len(summaries) == 1
     summary = json.loads(summaries[0].read_text())
     assert summary["steps_total"] == 30 and summary["predictor"] == predictor
+
+
+def test_word_corpus_and_vocabulary_are_deterministic():
+    assert pydoc_words() == pydoc_words()
+    a, b = PydocWords(vocab_size=500), PydocWords(vocab_size=500)
+    a.setup("fit"), b.setup("fit")
+    x, y = a.train_set[5]
+    assert x.equal(b.train_set[5][0]) and x[1:].equal(y[:-1])
+    assert int(a.train_set.ids.max()) < 500 and len(a.val_set) > 0
+
+
+def test_digits_split_is_seeded_and_disjoint():
+    a, b, c = DigitsData(seed=0), DigitsData(seed=0), DigitsData(seed=1)
+    for d in (a, b, c):
+        d.setup("fit")
+    assert a.val_set.indices == b.val_set.indices != c.val_set.indices
+    assert not set(a.val_set.indices) & set(a.train_set.indices)
+    assert len(a.val_set) == int(1797 * 0.2)
+
+
+@pytest.mark.parametrize("script", ["digits_cnn", "word_lstm"])
+def test_other_example_scripts_run(tmp_path, script):
+    cmd = [sys.executable, "-m", f"examples.{script}", "--max-steps", "20", "--root", str(tmp_path)]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "final val_loss" in out.stdout
+    (summary,) = tmp_path.rglob("hybrid_summary.json")
+    assert json.loads(summary.read_text())["steps_total"] == 20

@@ -13,9 +13,10 @@ from lightning_hybrid.callbacks.base import HybridComponent
 from lightning_hybrid.callbacks.corrector import ResidualCorrector
 from lightning_hybrid.callbacks.monitor import DivergenceMonitor
 from lightning_hybrid.callbacks.predictor import DynamicsPredictor
+from lightning_hybrid.callbacks.progress import HybridProgressBar
 from lightning_hybrid.callbacks.scheduler import HybridScheduler
 from lightning_hybrid.config import HybridConfig
-from lightning_hybrid.predictors import PREDICTORS
+from lightning_hybrid.predictors import PREDICTORS, Predictor
 from lightning_hybrid.validation import check_choice
 
 
@@ -33,7 +34,7 @@ def _predictor_settings(cls: type) -> set[str]:
 
 
 def hybrid_callbacks(
-    predictor: str = "linear",
+    predictor: str | Predictor = "linear",
     warmup_steps: int = 100,
     full_steps: int = 20,
     max_predict_steps: int = 10,
@@ -45,20 +46,22 @@ def hybrid_callbacks(
 ) -> list[Callback]:
     """The callbacks hybrid training needs, with settings applied.
 
-    The named arguments are the phase settings (see :class:`HybridConfig`); ``bandit=False`` leaves out the
-    :class:`HorizonBandit`, and the horizon then follows the scheduler's halve-on-failure rule. Any other keyword
+    ``predictor`` is a registered name or a :class:`Predictor` instance. The named arguments are the phase
+    settings (see :class:`HybridConfig`); ``bandit=False`` leaves out the :class:`HorizonBandit` (its settings are
+    then accepted and unused), and the horizon follows the scheduler's halve-on-failure rule. Any other keyword
     goes to the component that owns a setting of that name: :class:`HybridConfig`, :class:`DivergenceMonitor`,
-    :class:`ResidualCorrector`, :class:`HorizonBandit`, :class:`DynamicsPredictor` (``feature_dim``), or the
-    chosen predictor (e.g. ``decay`` of ``linear``). Unknown or ambiguous names raise ``TypeError``.
+    :class:`ResidualCorrector`, :class:`HorizonBandit`, :class:`DynamicsPredictor` (``feature_dim``), or a named
+    predictor (e.g. ``decay`` of ``linear``). Unknown or ambiguous names raise ``TypeError``.
     """
-    check_choice("hybrid_callbacks", "predictor", predictor, PREDICTORS)
+    if not isinstance(predictor, Predictor):
+        check_choice("hybrid_callbacks", "predictor", predictor, PREDICTORS)
     known = {
         "config": {f.name for f in fields(HybridConfig)},
         "monitor": _settings_of(DivergenceMonitor),
         "corrector": _settings_of(ResidualCorrector),
-        "bandit": _settings_of(HorizonBandit) if bandit else set(),
+        "bandit": _settings_of(HorizonBandit),
         "host": {"feature_dim"},
-        "predictor": _predictor_settings(PREDICTORS[predictor]),
+        "predictor": set() if isinstance(predictor, Predictor) else _predictor_settings(PREDICTORS[predictor]),
     }
     owners: dict[str, dict[str, Any]] = {owner: {} for owner in known}
     for name, value in more.items():
@@ -96,6 +99,7 @@ __all__ = [
     "DynamicsPredictor",
     "HorizonBandit",
     "HybridComponent",
+    "HybridProgressBar",
     "HybridScheduler",
     "ResidualCorrector",
     "hybrid_callbacks",

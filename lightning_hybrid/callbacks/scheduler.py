@@ -32,6 +32,7 @@ from lightning_hybrid.config import HybridConfig
 from lightning_hybrid.phase import Phase
 from lightning_hybrid.predictors import Plan
 from lightning_hybrid.summary import RunCounters, format_summary
+from lightning_hybrid.tensorboard import write_phase_curves_layout
 
 SUMMARY_FILENAME = "hybrid_summary.json"
 
@@ -166,6 +167,7 @@ class HybridScheduler(HybridComponent):
             optimizer.register_step_pre_hook(self._before_optimizer_step),
             optimizer.register_step_post_hook(self._after_optimizer_step),
         ]
+        write_phase_curves_layout(trainer)
         self._automatic = pl_module.automatic_optimization
         self._scaler = getattr(trainer.precision_plugin, "scaler", None)
         self._last_global_step = trainer.global_step
@@ -229,6 +231,7 @@ class HybridScheduler(HybridComponent):
         """One predicted optimizer step: optional forward check, then the predicted update in place."""
         h = self._segment_pos
         self._step_predicted_loss = self._plan.loss[h]
+        self._step_band = self._plan.loss_upper[h] - self._plan.loss[h]
         every = self.config.predict_forward_every
         self._forward_now = every > 0 and h > 0 and h % every == 0
         try:
@@ -260,6 +263,7 @@ class HybridScheduler(HybridComponent):
         self._skipped = False
         self._step_loss = math.nan
         self._step_predicted_loss = math.nan
+        self._step_band = math.nan  # half-width of the predicted loss's band, on predicted steps
         self._step_error = math.nan
         self._grad_norm = math.nan
 
@@ -499,6 +503,9 @@ class HybridScheduler(HybridComponent):
             metrics["hybrid/loss"] = self._step_loss
         if math.isfinite(predicted_loss):
             metrics["hybrid/loss_predicted"] = predicted_loss
+            if math.isfinite(self._step_band):
+                metrics["hybrid/loss_predicted_lower"] = predicted_loss - self._step_band
+                metrics["hybrid/loss_predicted_upper"] = predicted_loss + self._step_band
         if math.isfinite(self._step_error):
             metrics["hybrid/prediction_error"] = self._step_error
         metrics["hybrid/correction_magnitude"] = max((abs(math.log(f)) for f in self._factors), default=0.0)

@@ -1,0 +1,162 @@
+"""A small byte-level GPT (nanoGPT-style) and its data: the Python standard library's own ``.py`` files.
+
+Needs no download: the corpus is every ``.py`` file under this interpreter's standard library (tests and
+site-packages excluded), in sorted path order, so every machine with Python builds the same corpus.
+"""
+
+from __future__ import annotations
+
+import math
+import sysconfig
+from pathlib import Path
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+# ----------------------------------------------------------------------------------------------------- data
+
+
+def stdlib_corpus(max_bytes: int) -> bytes:
+    """The first ``max_bytes`` of the standard library's ``.py`` files, concatenated in sorted path order."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    chunks, total = [], 0
+    for path in sorted(root.rglob("*.py")):
+        if "site-packages" in path.parts or "test" in path.parts:
+            continue
+        data = path.read_bytes()
+        chunks.append(data)
+        total += len(data)
+        if total >= max_bytes:
+            break
+    return b"".join(chunks)[:max_bytes]
+
+
+class ByteWindows(Dataset):
+    """Next-byte prediction windows over a byte string (vocabulary: the 256 byte values)."""
+
+    def __init__(self, data: bytes, block_size: int) -> None:
+        self.data = torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
+        self.block_size = block_size
+
+    def __len__(self) -> int:
+        return (len(self.data) - 1) // self.block_size
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        chunk = self.data[i * self.block_size : (i + 1) * self.block_size + 1]
+        return chunk[:-1], chunk[1:]
+
+
+class StdlibText(L.LightningDataModule):
+    """Train/validation windows from the standard-library corpus; the last ``val_fraction`` is validation.
+
+    Args:
+        block_size: bytes per window.
+        batch_size: windows per batch.
+        max_bytes: corpus size, taken from the start of the sorted file list.
+        val_fraction: share of the corpus, at its end, held out for validation.
+        seed: seed of the training shuffle.
+        num_workers: dataloader worker processes.
+    """
+
+    def __init__(
+        self,
+        block_size: int = 64,
+        batch_size: int = 32,
+        max_bytes: int = 1_000_000,
+        val_fraction: float = 0.1,
+        seed: int = 0,
+        num_workers: int = 0,
+    ) -> None:
+        super().__init__()
+        if not 0 < val_fraction < 1:
+            raise ValueError(f"StdlibText: `val_fraction` must be in (0, 1), got {val_fraction}")
+        self.save_hyperparameters()
+
+    def setup(self, stage: str) -> None:
+        hp = self.hparams
+        corpus = stdlib_corpus(hp.max_bytes)
+        split = int(len(corpus) * (1 - hp.val_fraction))
+        self.train_set = ByteWindows(corpus[:split], hp.block_size)
+        self.val_set = ByteWindows(corpus[split:], hp.block_size)
+
+    def train_dataloader(self) -> DataLoader:
+        hp = self.hparams
+        generator = torch.Generator().manual_seed(hp.seed)
+        return DataLoader(self.train_set, hp.batch_size, shuffle=True, generator=generator, num_workers=hp.num_workers)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val_set, self.hparams.batch_size, num_workers=self.hparams.num_workers)
+
+
+# ---------------------------------------------------------------------------------------------------- model
+
+
+class Block(nn.Module):
+    def __init__(self, n_embd: int, n_head: int) -> None:
+        super().__init__()
+        self.n_head = n_head
+        self.ln1, self.ln2 = nn.LayerNorm(n_embd), nn.LayerNorm(n_embd)
+        self.qkv, self.proj = nn.Linear(n_embd, 3 * n_embd), nn.Linear(n_embd, n_embd)
+        self.mlp = nn.Sequential(nn.Linear(n_embd, 4 * n_embd), nn.GELU(), nn.Linear(4 * n_embd, n_embd))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, c)
+        x = x + self.proj(y)
+        return x + self.mlp(self.ln2(x))
+
+
+class CharGPT(L.LightningModule):
+    """A small GPT over bytes; an ordinary LightningModule that knows nothing of hybrid training."""
+
+    def __init__(
+        self,
+        n_layer: int = 2,
+        n_head: int = 4,
+        n_embd: int = 128,
+        block_size: int = 64,
+        lr: float = 3e-3,
+        warmup_steps: int = 50,
+        max_steps: int = 600,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.tok = nn.Embedding(256, n_embd)
+        self.pos = nn.Embedding(block_size, n_embd)
+        self.blocks = nn.Sequential(*[Block(n_embd, n_head) for _ in range(n_layer)])
+        self.ln = nn.LayerNorm(n_embd)
+        self.head = nn.Linear(n_embd, 256, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        return self.head(self.ln(self.blocks(self.tok(idx) + self.pos(pos))))
+
+    def _loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(self(x).flatten(0, 1), y.flatten())
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss = self._loss(batch)
+        self.log("train_loss", loss, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        self.log("val_loss", self._loss(batch), prog_bar=True)
+
+    def configure_optimizers(self) -> dict:
+        hp = self.hparams
+        opt = torch.optim.AdamW(self.parameters(), lr=hp.lr, weight_decay=0.01)
+
+        def schedule(step: int) -> float:  # linear warmup, then cosine to 10%
+            if step < hp.warmup_steps:
+                return (step + 1) / hp.warmup_steps
+            progress = min(1.0, (step - hp.warmup_steps) / max(1, hp.max_steps - hp.warmup_steps))
+            return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

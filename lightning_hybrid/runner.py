@@ -1,0 +1,125 @@
+"""What the training app does with a composed config: build, fit, validate, and for ``mode=compare`` run plain
+Lightning and hybrid training with the same seed and report them side by side."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+from lightning_hybrid.callbacks import HybridScheduler
+from lightning_hybrid.meter import RunMeter
+from lightning_hybrid.validation import check_choice
+
+MODES = ("train", "plain", "compare")
+PLAIN_STRATEGY = {"hybrid": "auto", "hybrid_ddp": "ddp"}  # each hybrid strategy's Lightning parent
+
+
+@dataclass
+class RunResult:
+    """One fit, measured by :class:`RunMeter`."""
+
+    label: str
+    val_loss: float | None
+    train_seconds: float
+    train_cpu_seconds: float
+    backward_passes: int
+    steps: int
+    backward_skipped_pct: float
+    rollbacks: int
+
+
+def _build(node: Any, **kwargs: Any) -> Any:
+    """``instantiate``, re-raising a component's own ``ValueError``/``TypeError`` rather than Hydra's wrapper, so
+    the message names the setting, the value and what is allowed."""
+    try:
+        return instantiate(node, **kwargs)
+    except InstantiationException as err:
+        if isinstance(err.__cause__, (ValueError, TypeError)):
+            raise err.__cause__ from None
+        raise
+
+
+def _run(cfg: DictConfig, hybrid: bool) -> tuple[L.Trainer, L.LightningModule, L.LightningDataModule, RunMeter]:
+    """Build one run's objects; everything is validated here, before any training starts."""
+    strategy = cfg.trainer.strategy
+    check_choice("trainer", "strategy", strategy, PLAIN_STRATEGY)
+    L.seed_everything(cfg.seed, workers=True)
+    data = _build(cfg.data)
+    model = _build(cfg.model)
+    meter = RunMeter()
+    callbacks = [_build(node) for node in cfg.get("callbacks", {}).values()] + [meter]
+    if hybrid:
+        callbacks += _build(cfg.hybrid, predictor=_build(cfg.predictor))
+    label = "hybrid" if hybrid else "plain"
+    logger = _build(cfg.logger, version=label) if cfg.get("logger") else False
+    trainer = _build(
+        cfg.trainer,
+        strategy=strategy if hybrid else PLAIN_STRATEGY[strategy],
+        callbacks=callbacks,
+        logger=logger,
+    )
+    return trainer, model, data, meter
+
+
+def _fit(cfg: DictConfig, label: str, run: tuple) -> RunResult:
+    trainer, model, data, meter = run
+    trainer.fit(model, data)
+    val = trainer.validate(model, data, verbose=False)[0].get(cfg.monitor) if cfg.validate else None
+    scheduler = next((cb for cb in trainer.callbacks if isinstance(cb, HybridScheduler)), None)
+    return RunResult(
+        label=label,
+        val_loss=None if val is None else float(val),
+        train_seconds=meter.train_seconds,
+        train_cpu_seconds=meter.train_cpu_seconds,
+        backward_passes=meter.backward_passes,
+        steps=trainer.global_step,
+        backward_skipped_pct=scheduler.counters.backward_skipped_pct if scheduler else 0.0,
+        rollbacks=scheduler.counters.rollbacks if scheduler else 0,
+    )
+
+
+def comparison_table(plain: RunResult, hybrid: RunResult) -> str:
+    """Side-by-side table; the time ratio is only a speedup if the val losses match (the benchmark harness
+    measures time to equal quality)."""
+
+    def num(value: float | None, fmt: str) -> str:
+        return "n/a" if value is None else format(value, fmt)
+
+    rows = [
+        ("training time, wall (s)", num(plain.train_seconds, ".2f"), num(hybrid.train_seconds, ".2f")),
+        ("training time, CPU (s)", num(plain.train_cpu_seconds, ".2f"), num(hybrid.train_cpu_seconds, ".2f")),
+        ("final val loss", num(plain.val_loss, ".4f"), num(hybrid.val_loss, ".4f")),
+        ("steps", str(plain.steps), str(hybrid.steps)),
+        ("backward passes", str(plain.backward_passes), str(hybrid.backward_passes)),
+        ("backward skipped", "0.0%", f"{hybrid.backward_skipped_pct:.1f}%"),
+        ("rollbacks", "-", str(hybrid.rollbacks)),
+    ]
+    speedup = plain.train_seconds / hybrid.train_seconds if hybrid.train_seconds > 0 else float("nan")
+    lines = [f"{'':26s}{'plain':>12s}{'hybrid':>12s}"] + [f"{a:26s}{b:>12s}{c:>12s}" for a, b, c in rows]
+    lines.append(f"speedup (wall time, same steps): {speedup:.3f}x")
+    if plain.val_loss is not None and hybrid.val_loss is not None:
+        lines.append(f"val loss, hybrid / plain: {hybrid.val_loss / plain.val_loss:.4f} (a speedup counts only at ~1)")
+    return "\n".join(lines)
+
+
+def run(cfg: DictConfig) -> float | None:
+    """Train as ``cfg.mode`` says; return the validation ``monitor`` value of the (hybrid) run, for sweepers."""
+    check_choice("app", "mode", cfg.mode, MODES)
+    if cfg.mode != "compare":
+        result = _fit(cfg, cfg.mode, _run(cfg, hybrid=cfg.mode == "train"))
+        return result.val_loss
+    runs = {label: _run(cfg, hybrid=label == "hybrid") for label in ("plain", "hybrid")}  # validate both first
+    results = {label: _fit(cfg, label, r) for label, r in runs.items()}
+    table = comparison_table(results["plain"], results["hybrid"])
+    print(table)
+    out = Path(cfg.paths.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compare.json").write_text(json.dumps({k: asdict(v) for k, v in results.items()}, indent=2))
+    return results["hybrid"].val_loss

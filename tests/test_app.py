@@ -1,0 +1,231 @@
+"""The Hydra training app end to end: compose API, console script, overrides, sweeps, compare mode."""
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from lightning_hybrid import HybridScheduler, hybrid_callbacks
+from lightning_hybrid.predictors import PREDICTORS
+from lightning_hybrid.runner import _build, run
+from lightning_hybrid.schema import PREDICTOR_SETTINGS, HybridSettings, setting_names
+from lightning_hybrid.train import config_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = 12
+# short, fast runs that predict: short phases, confidence threshold 0, no bandit
+TRAINER = [
+    f"trainer.max_steps={STEPS}",
+    "trainer.val_check_interval=6",
+    "trainer.limit_val_batches=2",
+    "trainer.accelerator=cpu",
+    "trainer.enable_model_summary=false",
+    "trainer.enable_progress_bar=false",
+    "callbacks=none",
+    "hybrid.warmup_steps=3",
+    "hybrid.correction_steps=2",
+    "hybrid.bandit=false",
+    "predictor.min_observations=2",
+]
+PHASES = ["hybrid.full_steps=3", "hybrid.max_predict_steps=3", "hybrid.confidence_threshold=0.0"]
+SMALL_GPT = ["data.max_bytes=20000", "model.n_layer=1", "model.n_embd=32"]
+TINY = TRAINER + PHASES + SMALL_GPT
+
+
+def app_config(tmp_path, *overrides, base=TINY):
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        return compose("train", overrides=[*base, f"paths.output_dir={tmp_path}", *overrides])
+
+
+def scalars(log_dir: Path, tag: str) -> list[int]:
+    acc = EventAccumulator(str(log_dir))
+    acc.Reload()
+    return [e.step for e in acc.Scalars(tag)]
+
+
+def test_train_end_to_end_through_the_compose_api(tmp_path):
+    val = run(app_config(tmp_path))
+    assert val is not None and 0 < val < 10
+    log_dir = tmp_path / "tensorboard" / "hybrid"
+    assert scalars(log_dir, "hybrid/phase") == list(range(1, STEPS + 1))
+    summary = json.loads((log_dir / "hybrid_summary.json").read_text())
+    assert summary["steps_total"] == STEPS and summary["backward_skipped"] > 0
+
+
+def test_compare_runs_plain_and_hybrid_with_the_same_seed(tmp_path, capsys):
+    run(app_config(tmp_path, "mode=compare"))
+    result = json.loads((tmp_path / "compare.json").read_text())
+    plain, hybrid = result["plain"], result["hybrid"]
+    summary = json.loads((tmp_path / "tensorboard" / "hybrid" / "hybrid_summary.json").read_text())
+    assert plain["steps"] == hybrid["steps"] == STEPS
+    assert plain["backward_passes"] == STEPS  # counted by the same RunMeter in both runs
+    assert hybrid["backward_passes"] == STEPS - summary["backward_skipped"] < STEPS
+    table = capsys.readouterr().out
+    assert "backward passes" in table and "speedup (wall time, same steps)" in table
+    assert not (tmp_path / "tensorboard" / "plain" / "hybrid_summary.json").exists()
+
+
+def test_compare_without_prediction_gives_identical_runs(tmp_path):
+    run(app_config(tmp_path, "mode=compare", "hybrid.enable_prediction=false"))
+    result = json.loads((tmp_path / "compare.json").read_text())
+    assert result["plain"]["val_loss"] == result["hybrid"]["val_loss"]  # same seed, same batches, bit for bit
+
+
+def test_plain_mode_uses_no_hybrid_callbacks(tmp_path):
+    run(app_config(tmp_path, "mode=plain"))
+    assert not list(tmp_path.rglob("hybrid_summary.json"))
+    assert (tmp_path / "tensorboard" / "plain").is_dir()
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("hybrid.max_predict_stepz=3", "max_predict_stepz"),
+        ("hybrid.max_predict_steps=abc", "hybrid.max_predict_steps"),
+        ("predictor.decayy=0.5", "decayy"),
+        ("predictor=oracle", "oracle"),
+    ],
+)
+def test_a_wrong_key_or_type_fails_at_composition_naming_it(tmp_path, override, named):
+    with pytest.raises(ConfigCompositionException) as err:
+        app_config(tmp_path, override)
+    assert named in f"{err.value} {err.value.__cause__}"
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("hybrid.max_predict_steps=0", r"HybridConfig: `max_predict_steps` must be an integer >= 1, got 0"),
+        ("predictor.decay=1.5", r"LinearPredictor: `decay` must be .*got 1.5"),
+        ("mode=fast", r"`mode` must be one of 'compare', 'plain', 'train', got 'fast'"),
+        ("trainer.strategy=ddp", r"`strategy` must be one of 'hybrid', 'hybrid_ddp', got 'ddp'"),
+    ],
+)
+def test_an_out_of_range_value_fails_with_the_components_error_before_training(tmp_path, override, message):
+    with pytest.raises(ValueError, match=message):
+        run(app_config(tmp_path, override))
+    assert not list(tmp_path.rglob("events.out.tfevents*"))  # nothing trained
+
+
+def test_cli_overrides_reach_the_objects(tmp_path):
+    cfg = app_config(tmp_path, "predictor=rssm", "predictor.ensemble=2", "hybrid.max_predict_steps=20")
+    predictor = _build(cfg.predictor)
+    callbacks = _build(cfg.hybrid, predictor=predictor)
+    scheduler = next(cb for cb in callbacks if isinstance(cb, HybridScheduler))
+    assert scheduler.config.max_predict_steps == 20
+    assert type(predictor).__name__ == "RSSMPredictor" and predictor.ensemble == 2
+    assert _build(cfg.data).hparams.batch_size == 32
+
+
+def test_default_hybrid_config_matches_the_python_defaults(tmp_path):
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        cfg = compose("train")
+    callbacks = _build(cfg.hybrid, predictor=_build(cfg.predictor))
+    scheduler = next(cb for cb in callbacks if isinstance(cb, HybridScheduler))
+    reference = hybrid_callbacks()
+    assert scheduler.config == next(cb for cb in reference if isinstance(cb, HybridScheduler)).config
+    assert [type(cb) for cb in callbacks] == [type(cb) for cb in reference]
+
+
+@pytest.mark.parametrize("name", sorted(PREDICTORS))
+def test_predictor_configs_carry_the_constructor_defaults(tmp_path, name):
+    predictor = _build(app_config(tmp_path, f"predictor={name}", base=[]).predictor)
+    reference = PREDICTORS[name]()
+    assert type(predictor) is type(reference)
+    for setting in setting_names(PREDICTOR_SETTINGS[name]):
+        assert getattr(predictor, setting) == getattr(reference, setting), setting
+
+
+@pytest.mark.parametrize("experiment", ["char_gpt", "digits_cnn", "word_lstm"])
+def test_each_example_runs_as_a_hydra_experiment(tmp_path, experiment):
+    overrides = [f"experiment={experiment}", "trainer.max_steps=8", "trainer.limit_val_batches=2"]
+    base = TRAINER + PHASES + (SMALL_GPT if experiment == "char_gpt" else [])
+    val = run(app_config(tmp_path, *overrides, base=base))
+    assert val is not None and val > 0
+
+
+def test_a_users_own_module_and_data_via_target(tmp_path):
+    cfg = app_config(
+        tmp_path,
+        *PHASES,
+        "model=custom",
+        "model._target_=tests.app_models.UserRegression",
+        "+model.width=4",
+        "data=custom",
+        "data._target_=tests.app_models.UserData",
+        "trainer.val_check_interval=null",
+        base=TRAINER,
+    )
+    assert run(cfg) < 100
+    assert scalars(tmp_path / "tensorboard" / "hybrid", "hybrid/phase") == list(range(1, STEPS + 1))
+
+
+def _cli(*args, cwd, base=TINY):
+    """Run a command line with the ``base`` overrides appended; they must not repeat a key of ``args``."""
+    return subprocess.run([*args, *base], cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
+def test_console_script_trains_and_rejects_a_bad_key(tmp_path):
+    script = shutil.which("lightning-hybrid-train")
+    assert script, "the package's console script is not installed (pip install -e .)"
+    ok = _cli(script, f"paths.output_dir={tmp_path}", cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    assert (tmp_path / "tensorboard" / "hybrid" / "hybrid_summary.json").exists()
+    bad = _cli(script, "hybrid.max_predict_stepz=3", cwd=tmp_path)
+    assert bad.returncode != 0
+    assert "max_predict_stepz" in bad.stderr
+
+
+def test_multirun_writes_one_folder_per_job(tmp_path):
+    sweep = tmp_path / "sweep"
+    out = _cli(
+        sys.executable,
+        "-m",
+        "lightning_hybrid.train",
+        "--multirun",
+        "hybrid.confidence_threshold=0.0,0.9",
+        f"hydra.sweep.dir={sweep}",
+        cwd=ROOT,
+        base=TRAINER + SMALL_GPT + PHASES[:2],
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir() and not p.name.startswith("."))
+    assert jobs == ["0", "1"]
+    skipped = [
+        json.loads((sweep / job / "tensorboard" / "hybrid" / "hybrid_summary.json").read_text())["backward_skipped"]
+        for job in jobs
+    ]
+    assert skipped[0] > 0 and skipped[1] == 0  # each job got its own threshold
+
+
+def test_optuna_search_tunes_the_hybrid_settings(tmp_path):
+    sweep = tmp_path / "optuna"
+    out = _cli(
+        sys.executable,
+        "-m",
+        "lightning_hybrid.train",
+        "hparams_search=hybrid_optuna",
+        "hydra.sweeper.n_trials=2",
+        f"hydra.sweep.dir={sweep}",
+        cwd=ROOT,
+        base=TRAINER + SMALL_GPT,  # the searched settings must not be fixed on the command line
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = (sweep / "optimization_results.yaml").read_text()
+    best = float(re.search(r"best_value: ([0-9.e+-]+)", results).group(1))
+    assert 0 < best < 10 and "hybrid.confidence_threshold" in results
+
+
+def test_readme_config_reference_documents_every_setting():
+    readme = (ROOT / "README.md").read_text()
+    schemas = [HybridSettings, *PREDICTOR_SETTINGS.values()]
+    missing = {f.name for schema in schemas for f in fields(schema) if f"`{f.name}`" not in readme} - {"_target_"}
+    assert not missing, f"README lacks {sorted(missing)}"
