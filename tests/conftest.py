@@ -8,6 +8,12 @@ os.environ.setdefault("PYTHONHASHSEED", "0")
 
 
 @pytest.fixture(autouse=True)
+def _in_a_temporary_directory(tmp_path, monkeypatch):
+    """Trainers without a logger or root dir write to the working directory; keep that out of the checkout."""
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture(autouse=True)
 def _quiet_and_deterministic():
     torch.set_num_threads(1)
     with warnings.catch_warnings():

@@ -142,7 +142,7 @@ def test_predicted_steps_move_the_weights():
 
 def test_global_step_schedulers_and_checkpoints_count_predicted_steps(tmp_path):
     lr_monitor = LearningRateMonitor(logging_interval="step")
-    ckpt = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=10, save_top_k=-1, filename="{step}")
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=10, save_top_k=-1, filename="{step}")
     trainer, logger = hybrid_trainer(
         max_steps=50, extra_callbacks=[lr_monitor, ckpt], enable_checkpointing=True, val_check_interval=5
     )
@@ -152,7 +152,7 @@ def test_global_step_schedulers_and_checkpoints_count_predicted_steps(tmp_path):
     assert sum(p is Phase.PREDICT for p in phases(logger).values()) > 5
     # StepLR(gamma=0.99) stepped once per optimizer step, predicted ones included
     assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(1e-2 * 0.99**50)
-    assert sorted(os.listdir(tmp_path)) == sorted(f"step={s}.ckpt" for s in (10, 20, 30, 40, 50))
+    assert sorted(os.listdir(tmp_path / "ckpt")) == sorted(f"step={s}.ckpt" for s in (10, 20, 30, 40, 50))
     # val_check_interval=5: validation after the 5th batch of each 8-batch epoch, as in plain Lightning
     assert len(logger.series("val_loss")) == 6
 
