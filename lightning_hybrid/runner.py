@@ -114,6 +114,8 @@ def run(cfg: DictConfig) -> float | None:
     check_choice("app", "mode", cfg.mode, MODES)
     if cfg.mode != "compare":
         result = _fit(cfg, cfg.mode, _run(cfg, hybrid=cfg.mode == "train"))
+        if result.val_loss is not None:
+            print(f"final {cfg.monitor}: {result.val_loss:.4f}")
         return result.val_loss
     runs = {label: _run(cfg, hybrid=label == "hybrid") for label in ("plain", "hybrid")}  # validate both first
     results = {label: _fit(cfg, label, r) for label, r in runs.items()}

@@ -178,6 +178,7 @@ def test_console_script_trains_and_rejects_a_bad_key(tmp_path):
     assert script, "the package's console script is not installed (pip install -e .)"
     ok = _cli(script, f"paths.output_dir={tmp_path}", cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr[-3000:]
+    assert re.search(r"final val_loss: \d+\.\d{4}", ok.stdout)
     assert (tmp_path / "tensorboard" / "hybrid" / "hybrid_summary.json").exists()
     bad = _cli(script, "hybrid.max_predict_stepz=3", cwd=tmp_path)
     assert bad.returncode != 0
