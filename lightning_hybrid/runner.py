@@ -13,7 +13,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from lightning_hybrid.callbacks import HybridScheduler
+from lightning_hybrid.callbacks import find_scheduler
 from lightning_hybrid.meter import RunMeter
 from lightning_hybrid.validation import check_choice
 
@@ -72,7 +72,7 @@ def _fit(cfg: DictConfig, label: str, run: tuple) -> RunResult:
     trainer, model, data, meter = run
     trainer.fit(model, data)
     val = trainer.validate(model, data, verbose=False)[0].get(cfg.monitor) if cfg.validate else None
-    scheduler = next((cb for cb in trainer.callbacks if isinstance(cb, HybridScheduler)), None)
+    scheduler = find_scheduler(trainer)
     return RunResult(
         label=label,
         val_loss=None if val is None else float(val),

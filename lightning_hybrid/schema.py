@@ -16,15 +16,8 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
-from lightning_hybrid.callbacks import (
-    DivergenceMonitor,
-    DynamicsPredictor,
-    HorizonBandit,
-    ResidualCorrector,
-    hybrid_callbacks,
-)
-from lightning_hybrid.config import HybridConfig
-from lightning_hybrid.predictors import PREDICTORS
+from lightning_hybrid.callbacks import HOST_SETTINGS, SETTING_OWNERS, DynamicsPredictor, hybrid_callbacks
+from lightning_hybrid.predictors import PREDICTORS, init_chain
 
 _SIMPLE = (int, float, bool, str)
 
@@ -67,10 +60,9 @@ def _schema(name: str, target: str, arguments: list[tuple[str, Any, Any]]) -> ty
 def _predictor_arguments(cls: type) -> list[tuple[str, Any, Any]]:
     """Arguments of a predictor and of the bases it forwards ``**kwargs`` to, most derived first."""
     seen: dict[str, tuple[str, Any, Any]] = {}
-    for klass in cls.__mro__:
-        if "__init__" in vars(klass) and klass is not object:
-            for arg in _arguments(klass.__init__):
-                seen.setdefault(arg[0], arg)
+    for init in init_chain(cls):
+        for arg in _arguments(init):
+            seen.setdefault(arg[0], arg)
     return list(seen.values())
 
 
@@ -78,10 +70,9 @@ def hybrid_arguments() -> list[tuple[str, Any, Any]]:
     """Every setting ``hybrid_callbacks`` accepts except the predictor: the phase settings, ``bandit`` and the
     settings of the engine's components."""
     explicit = [arg for arg in _arguments(hybrid_callbacks) if arg[0] != "predictor"]
-    owners = (HybridConfig.__init__, DivergenceMonitor.__init__, ResidualCorrector.__init__, HorizonBandit.__init__)
     names = {arg[0] for arg in explicit}
-    rest = [arg for owner in owners for arg in _arguments(owner) if arg[0] not in names]
-    rest += [arg for arg in _arguments(DynamicsPredictor.__init__) if arg[0] == "feature_dim"]
+    rest = [arg for cls in SETTING_OWNERS.values() for arg in _arguments(cls.__init__) if arg[0] not in names]
+    rest += [arg for arg in _arguments(DynamicsPredictor.__init__) if arg[0] in HOST_SETTINGS]
     return explicit + rest
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from dataclasses import fields
+from collections.abc import Callable
 from typing import Any
 
 from lightning.pytorch.callbacks import Callback
@@ -14,23 +14,23 @@ from lightning_hybrid.callbacks.corrector import ResidualCorrector
 from lightning_hybrid.callbacks.monitor import DivergenceMonitor
 from lightning_hybrid.callbacks.predictor import DynamicsPredictor
 from lightning_hybrid.callbacks.progress import HybridProgressBar
-from lightning_hybrid.callbacks.scheduler import HybridScheduler
+from lightning_hybrid.callbacks.scheduler import HybridScheduler, find_scheduler
 from lightning_hybrid.config import HybridConfig
-from lightning_hybrid.predictors import PREDICTORS, Predictor
+from lightning_hybrid.predictors import PREDICTORS, Predictor, init_chain
 from lightning_hybrid.validation import check_choice
 
+# The components whose settings ``hybrid_callbacks`` routes by name (the predictor's come from ``init_chain``).
+SETTING_OWNERS: dict[str, type] = {
+    "config": HybridConfig,
+    "monitor": DivergenceMonitor,
+    "corrector": ResidualCorrector,
+    "bandit": HorizonBandit,
+}
+HOST_SETTINGS = ("feature_dim",)  # the DynamicsPredictor's own settings
 
-def _settings_of(cls: type) -> set[str]:
-    return {name for name in inspect.signature(cls.__init__).parameters if name not in ("self", "args", "kwargs")}
 
-
-def _predictor_settings(cls: type) -> set[str]:
-    """Settings of a predictor class, including those its bases take through ``**kwargs``."""
-    names: set[str] = set()
-    for klass in cls.__mro__:
-        if "__init__" in vars(klass) and klass is not object:
-            names |= _settings_of(klass)
-    return names
+def _settings_of(init: Callable[..., None]) -> set[str]:
+    return {name for name in inspect.signature(init).parameters if name not in ("self", "args", "kwargs")}
 
 
 def hybrid_callbacks(
@@ -55,14 +55,10 @@ def hybrid_callbacks(
     """
     if not isinstance(predictor, Predictor):
         check_choice("hybrid_callbacks", "predictor", predictor, PREDICTORS)
-    known = {
-        "config": {f.name for f in fields(HybridConfig)},
-        "monitor": _settings_of(DivergenceMonitor),
-        "corrector": _settings_of(ResidualCorrector),
-        "bandit": _settings_of(HorizonBandit),
-        "host": {"feature_dim"},
-        "predictor": set() if isinstance(predictor, Predictor) else _predictor_settings(PREDICTORS[predictor]),
-    }
+    known = {owner: _settings_of(cls.__init__) for owner, cls in SETTING_OWNERS.items()}
+    known["host"] = set(HOST_SETTINGS)
+    chain = [] if isinstance(predictor, Predictor) else init_chain(PREDICTORS[predictor])
+    known["predictor"] = set().union(*(_settings_of(init) for init in chain))
     owners: dict[str, dict[str, Any]] = {owner: {} for owner in known}
     for name, value in more.items():
         matches = [o for o, names in known.items() if name in names]
@@ -95,6 +91,8 @@ def hybrid_callbacks(
 
 
 __all__ = [
+    "HOST_SETTINGS",
+    "SETTING_OWNERS",
     "DivergenceMonitor",
     "DynamicsPredictor",
     "HorizonBandit",
@@ -102,5 +100,6 @@ __all__ = [
     "HybridProgressBar",
     "HybridScheduler",
     "ResidualCorrector",
+    "find_scheduler",
     "hybrid_callbacks",
 ]

@@ -7,7 +7,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import TQDMProgressBar
 
-from lightning_hybrid.callbacks.scheduler import HybridScheduler
+from lightning_hybrid.callbacks.scheduler import find_scheduler
 
 
 class HybridProgressBar(TQDMProgressBar):
@@ -17,7 +17,7 @@ class HybridProgressBar(TQDMProgressBar):
 
     def get_metrics(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
         metrics = super().get_metrics(trainer, pl_module)
-        scheduler = next((cb for cb in trainer.callbacks if isinstance(cb, HybridScheduler)), None)
+        scheduler = find_scheduler(trainer)
         if scheduler is not None:
             metrics["phase"] = scheduler.phase.label
             metrics["skipped"] = f"{scheduler.counters.backward_skipped_pct:.1f}%"

@@ -568,3 +568,8 @@ class HybridScheduler(HybridComponent):
         self._wall_base, self._wall_t0 = float(state["wall_time_s"]), 0.0
         self._snapshot_alive = state["snapshot"] is not None
         self._pending_snapshot = state["snapshot"]
+
+
+def find_scheduler(trainer: pl.Trainer) -> HybridScheduler | None:
+    """The trainer's :class:`HybridScheduler`, or ``None`` for a plain run."""
+    return next((cb for cb in trainer.callbacks if isinstance(cb, HybridScheduler)), None)

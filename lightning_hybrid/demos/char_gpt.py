@@ -14,7 +14,9 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
+
+from lightning_hybrid.demos.splits import SplitData
 
 # ----------------------------------------------------------------------------------------------------- data
 
@@ -49,7 +51,7 @@ class ByteWindows(Dataset):
         return chunk[:-1], chunk[1:]
 
 
-class StdlibText(L.LightningDataModule):
+class StdlibText(SplitData):
     """Train/validation windows from the standard-library corpus; the last ``val_fraction`` is validation.
 
     Args:
@@ -70,9 +72,7 @@ class StdlibText(L.LightningDataModule):
         seed: int = 0,
         num_workers: int = 0,
     ) -> None:
-        super().__init__()
-        if not 0 < val_fraction < 1:
-            raise ValueError(f"StdlibText: `val_fraction` must be in (0, 1), got {val_fraction}")
+        super().__init__(val_fraction)
         self.save_hyperparameters()
 
     def setup(self, stage: str) -> None:
@@ -81,14 +81,6 @@ class StdlibText(L.LightningDataModule):
         split = int(len(corpus) * (1 - hp.val_fraction))
         self.train_set = ByteWindows(corpus[:split], hp.block_size)
         self.val_set = ByteWindows(corpus[split:], hp.block_size)
-
-    def train_dataloader(self) -> DataLoader:
-        hp = self.hparams
-        generator = torch.Generator().manual_seed(hp.seed)
-        return DataLoader(self.train_set, hp.batch_size, shuffle=True, generator=generator, num_workers=hp.num_workers)
-
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_set, self.hparams.batch_size, num_workers=self.hparams.num_workers)
 
 
 # ---------------------------------------------------------------------------------------------------- model

@@ -9,7 +9,9 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset, random_split
+from torch.utils.data import TensorDataset, random_split
+
+from lightning_hybrid.demos.splits import SplitData
 
 
 def load_digits_tensors() -> tuple[torch.Tensor, torch.Tensor]:
@@ -23,7 +25,7 @@ def load_digits_tensors() -> tuple[torch.Tensor, torch.Tensor]:
     return images, torch.tensor(digits.target, dtype=torch.long)
 
 
-class DigitsData(L.LightningDataModule):
+class DigitsData(SplitData):
     """Seeded train/validation split of the digits images.
 
     Args:
@@ -34,9 +36,7 @@ class DigitsData(L.LightningDataModule):
     """
 
     def __init__(self, batch_size: int = 64, val_fraction: float = 0.2, seed: int = 0, num_workers: int = 0) -> None:
-        super().__init__()
-        if not 0 < val_fraction < 1:
-            raise ValueError(f"DigitsData: `val_fraction` must be in (0, 1), got {val_fraction}")
+        super().__init__(val_fraction)
         self.save_hyperparameters()
 
     def setup(self, stage: str) -> None:
@@ -45,14 +45,6 @@ class DigitsData(L.LightningDataModule):
         n_val = int(len(data) * hp.val_fraction)
         split = torch.Generator().manual_seed(hp.seed)
         self.train_set, self.val_set = random_split(data, [len(data) - n_val, n_val], generator=split)
-
-    def train_dataloader(self) -> DataLoader:
-        hp = self.hparams
-        generator = torch.Generator().manual_seed(hp.seed)
-        return DataLoader(self.train_set, hp.batch_size, shuffle=True, generator=generator, num_workers=hp.num_workers)
-
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_set, self.hparams.batch_size, num_workers=self.hparams.num_workers)
 
 
 class DigitsCNN(L.LightningModule):

@@ -14,7 +14,9 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.demos.lstm import SimpleLSTM
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
+
+from lightning_hybrid.demos.splits import SplitData
 
 UNKNOWN = "<unk>"
 
@@ -41,7 +43,7 @@ class TokenWindows(Dataset):
         return chunk[:-1], chunk[1:]
 
 
-class PydocWords(L.LightningDataModule):
+class PydocWords(SplitData):
     """Word windows over the documentation corpus; the vocabulary (the most frequent words of the training part,
     plus ``<unk>``) is built in ``setup``, and the last ``val_fraction`` is validation.
 
@@ -63,9 +65,7 @@ class PydocWords(L.LightningDataModule):
         seed: int = 0,
         num_workers: int = 0,
     ) -> None:
-        super().__init__()
-        if not 0 < val_fraction < 1:
-            raise ValueError(f"PydocWords: `val_fraction` must be in (0, 1), got {val_fraction}")
+        super().__init__(val_fraction)
         self.save_hyperparameters()
 
     def setup(self, stage: str) -> None:
@@ -77,14 +77,6 @@ class PydocWords(L.LightningDataModule):
         ids = torch.tensor([vocab.get(word, 0) for word in words])
         self.train_set = TokenWindows(ids[:split], hp.seq_len)
         self.val_set = TokenWindows(ids[split:], hp.seq_len)
-
-    def train_dataloader(self) -> DataLoader:
-        hp = self.hparams
-        generator = torch.Generator().manual_seed(hp.seed)
-        return DataLoader(self.train_set, hp.batch_size, shuffle=True, generator=generator, num_workers=hp.num_workers)
-
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_set, self.hparams.batch_size, num_workers=self.hparams.num_workers)
 
 
 class WordLSTM(L.LightningModule):

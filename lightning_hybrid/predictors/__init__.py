@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from lightning_hybrid.predictors.base import Plan, Predictor, UpdateStats
@@ -13,6 +14,12 @@ from lightning_hybrid.predictors.rssm import RSSMPredictor
 from lightning_hybrid.validation import check_choice
 
 PREDICTORS: dict[str, type[Predictor]] = {cls.name: cls for cls in (LinearPredictor, MLPPredictor, RSSMPredictor)}
+
+
+def init_chain(cls: type[Predictor]) -> list[Callable[..., None]]:
+    """The ``__init__`` of a predictor class and of each base it forwards ``**kwargs`` to, most derived first:
+    together they list the predictor's settings."""
+    return [vars(klass)["__init__"] for klass in cls.__mro__ if "__init__" in vars(klass) and klass is not object]
 
 
 def build_predictor(name: str, **kwargs: Any) -> Predictor:
@@ -32,4 +39,5 @@ __all__ = [
     "RSSMPredictor",
     "UpdateStats",
     "build_predictor",
+    "init_chain",
 ]
