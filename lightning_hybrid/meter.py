@@ -31,6 +31,15 @@ class RunMeter(Callback):
             self.train_cpu_seconds += time.process_time() - self._cpu0
             self._running = False
 
+    def elapsed(self) -> tuple[float, float]:
+        """Training time so far as ``(wall, CPU)`` seconds, the interval now running included."""
+        if not self._running:
+            return self.train_seconds, self.train_cpu_seconds
+        return (
+            self.train_seconds + time.perf_counter() - self._wall0,
+            self.train_cpu_seconds + time.process_time() - self._cpu0,
+        )
+
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._start()
 

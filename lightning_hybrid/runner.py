@@ -4,9 +4,10 @@ Lightning and hybrid training with the same seed and report them side by side.""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import lightning as L
 from hydra.errors import InstantiationException
@@ -46,15 +47,25 @@ def _build(node: Any, **kwargs: Any) -> Any:
         raise
 
 
-def _run(cfg: DictConfig, hybrid: bool) -> tuple[L.Trainer, L.LightningModule, L.LightningDataModule, RunMeter]:
-    """Build one run's objects; everything is validated here, before any training starts."""
+class Run(NamedTuple):
+    """One run's objects, built and validated but not yet trained."""
+
+    trainer: L.Trainer
+    model: L.LightningModule
+    data: L.LightningDataModule
+    meter: RunMeter
+
+
+def build_run(cfg: DictConfig, hybrid: bool, extra_callbacks: Sequence[L.Callback] = ()) -> Run:
+    """Build one run's objects (plain Lightning when ``hybrid`` is false, with the strategy swapped for its
+    Lightning parent); everything is validated here, before any training starts."""
     strategy = cfg.trainer.strategy
     check_choice("trainer", "strategy", strategy, PLAIN_STRATEGY)
     L.seed_everything(cfg.seed, workers=True)
     data = _build(cfg.data)
     model = _build(cfg.model)
     meter = RunMeter()
-    callbacks = [_build(node) for node in cfg.get("callbacks", {}).values()] + [meter]
+    callbacks = [_build(node) for node in cfg.get("callbacks", {}).values()] + [meter, *extra_callbacks]
     if hybrid:
         callbacks += _build(cfg.hybrid, predictor=_build(cfg.predictor))
     label = "hybrid" if hybrid else "plain"
@@ -65,10 +76,10 @@ def _run(cfg: DictConfig, hybrid: bool) -> tuple[L.Trainer, L.LightningModule, L
         callbacks=callbacks,
         logger=logger,
     )
-    return trainer, model, data, meter
+    return Run(trainer, model, data, meter)
 
 
-def _fit(cfg: DictConfig, label: str, run: tuple) -> RunResult:
+def _fit(cfg: DictConfig, label: str, run: Run) -> RunResult:
     trainer, model, data, meter = run
     trainer.fit(model, data)
     val = trainer.validate(model, data, verbose=False)[0].get(cfg.monitor) if cfg.validate else None
@@ -113,11 +124,11 @@ def run(cfg: DictConfig) -> float | None:
     """Train as ``cfg.mode`` says; return the validation ``monitor`` value of the (hybrid) run, for sweepers."""
     check_choice("app", "mode", cfg.mode, MODES)
     if cfg.mode != "compare":
-        result = _fit(cfg, cfg.mode, _run(cfg, hybrid=cfg.mode == "train"))
+        result = _fit(cfg, cfg.mode, build_run(cfg, hybrid=cfg.mode == "train"))
         if result.val_loss is not None:
             print(f"final {cfg.monitor}: {result.val_loss:.4f}")
         return result.val_loss
-    runs = {label: _run(cfg, hybrid=label == "hybrid") for label in ("plain", "hybrid")}  # validate both first
+    runs = {label: build_run(cfg, hybrid=label == "hybrid") for label in ("plain", "hybrid")}  # validate both first
     results = {label: _fit(cfg, label, r) for label, r in runs.items()}
     table = comparison_table(results["plain"], results["hybrid"])
     print(table)

@@ -1,0 +1,297 @@
+"""What the plugin itself costs: per-component time, overhead on ordinary steps, Predict-step cost, peak memory.
+
+    python -m benchmarks.overheads                  # both model sizes; writes overheads.json/.md
+    python -m benchmarks.overheads --sizes 1M --quick
+
+All runs are the app's character GPT at two sizes, built by the harness like any benchmark run.
+
+- Components are stateful (online training every few steps, running statistics), so they are timed in place
+  during a real hybrid fit that predicts, each call wrapped in a timer (on CUDA with a synchronize either side),
+  rather than replayed in isolation. Costs are per call and as a share of the run's ordinary-step time.
+- Overhead on ordinary steps: hybrid with ``enable_prediction=false`` against plain Lightning, alternating runs
+  in this process; the median of the per-pair ratios of training time (CPU time on CPU, wall time on a GPU).
+- Predict-step cost: mean Predict step over mean Full step of the same run, with the forward check on every
+  predicted step (``predict_forward_every=1``) and without it (``0``).
+- Peak memory: each run in its own process (peak RSS is per process); on CUDA the peak allocated/reserved bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import open_dict
+
+from benchmarks.run import RESULTS, machine
+from benchmarks.tasks import compose_run
+from lightning_hybrid.callbacks import find_scheduler
+from lightning_hybrid.runner import build_run
+
+SIZES = {  # overrides of the character GPT; parameters: 1.07M and 25.5M
+    "1M": ["model.n_layer=4", "model.n_embd=144", "model.n_head=4", "data.batch_size=32"],
+    "25M": ["model.n_layer=8", "model.n_embd=512", "model.n_head=8", "data.batch_size=8"],
+}
+STEPS = {"1M": {"profile": 160, "overhead": 150, "rounds": 3}, "25M": {"profile": 60, "overhead": 20, "rounds": 3}}
+QUICK = {"profile": 40, "overhead": 20, "rounds": 1}
+PREDICTING = [  # predict as often as possible, so every component is exercised many times
+    "hybrid.warmup_steps=20",
+    "hybrid.full_steps=10",
+    "hybrid.confidence_threshold=0.0",
+    "hybrid.max_consecutive_rollbacks=1000",
+    "hybrid.exploration_plays=1000",
+]
+COMPONENTS = {  # label -> (component, methods); a call's cost includes the work it delegates
+    "state encoding": ("encoder", ("observe", "features", "loss_trend")),
+    "predictor observe + online training": ("predictor", ("observe",)),
+    "predictor plan (per segment)": ("predictor", ("plan",)),
+    "predicted update (per predicted step)": ("scheduler", ("_apply_prediction",)),
+    "update capture (per ordinary step)": ("scheduler", ("_before_optimizer_step", "_after_optimizer_step")),
+    "divergence check (per ordinary step)": ("scheduler", ("_check_ordinary_step",)),
+    "divergence monitor check (per forward check)": ("monitor", ("check",)),
+    "corrector": ("corrector", ("correction", "correct", "observe", "reanchor")),
+    "bandit": ("bandit", ("choose", "update", "record_step", "begin", "finish")),
+    "metric logging (per step)": ("scheduler", ("_log",)),
+}
+
+
+def _config(size: str, steps: int, workdir: str, extra: list[str]) -> Any:
+    cfg = compose_run("char_gpt", "default", 0, [*SIZES[size], *extra], workdir)
+    with open_dict(cfg):
+        cfg.trainer.max_steps = cfg.model.max_steps = steps
+        cfg.trainer.limit_val_batches = 0
+    return cfg
+
+
+def _timed(fn: Callable, log: list[float], sync: Callable[[], None]) -> Callable:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        sync()
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            sync()
+            log.append(time.perf_counter() - start)
+
+    return wrapper
+
+
+def profile(size: str, steps: int, forward_every: int, workdir: str) -> dict[str, Any]:
+    """One predicting hybrid fit with every component's calls timed."""
+    cfg = _config(size, steps, workdir, [*PREDICTING, f"hybrid.predict_forward_every={forward_every}"])
+    trainer, model, data, _ = build_run(cfg, hybrid=True)
+    scheduler = find_scheduler(trainer)
+    host = _callback(trainer, "DynamicsPredictor")
+    objects = {
+        "scheduler": scheduler,
+        "encoder": host.encoder,
+        "predictor": host.predictor,
+        "monitor": _callback(trainer, "DivergenceMonitor"),
+        "corrector": _callback(trainer, "ResidualCorrector"),
+        "bandit": _callback(trainer, "HorizonBandit"),
+    }
+    sync = torch.cuda.synchronize if torch.cuda.is_available() and cfg.trainer.accelerator != "cpu" else lambda: None
+    logs: dict[str, list[float]] = {}
+    for label, (name, methods) in COMPONENTS.items():
+        log = logs.setdefault(label, [])
+        for method in methods:
+            obj = objects[name]
+            setattr(obj, method, _timed(getattr(obj, method), log, sync))
+    trainer.fit(model, data)
+    counters = scheduler.counters
+    ordinary = ("warmup", "full", "correct")
+    ordinary_s = sum(counters.time_by_phase_s[p] for p in ordinary)
+    ordinary_n = sum(counters.steps_by_phase[p] for p in ordinary)
+    per_step = {p: counters.time_by_phase_s[p] / max(1, counters.steps_by_phase[p]) for p in ("full", "predict")}
+    return {
+        "params": sum(p.numel() for p in model.parameters()),
+        "steps_by_phase": counters.steps_by_phase,
+        "ordinary_step_ms": 1000 * ordinary_s / max(1, ordinary_n),
+        "full_step_ms": 1000 * per_step["full"],
+        "predict_step_ms": 1000 * per_step["predict"],
+        "predict_over_full": per_step["predict"] / per_step["full"] if counters.steps_by_phase["predict"] else None,
+        "components": {
+            label: {
+                "calls": len(log),
+                "ms_per_call": 1000 * statistics.fmean(log) if log else None,
+                "share_of_ordinary_time": sum(log) / ordinary_s,
+            }
+            for label, log in logs.items()
+        },
+    }
+
+
+def _callback(trainer: Any, name: str) -> Any:
+    return next(cb for cb in trainer.callbacks if type(cb).__name__ == name)
+
+
+def ordinary_overhead(size: str, steps: int, rounds: int, workdir: str) -> dict[str, Any]:
+    """Hybrid that never predicts against plain Lightning, alternating, same seed and batches."""
+    ratios, times = [], {"plain": [], "hybrid": []}
+    for _ in range(rounds):
+        for label in ("plain", "hybrid"):
+            cfg = _config(size, steps, workdir, ["hybrid.enable_prediction=false"])
+            trainer, model, data, meter = build_run(cfg, hybrid=label == "hybrid")
+            trainer.fit(model, data)
+            cuda = trainer.strategy.root_device.type == "cuda"
+            times[label].append(meter.train_seconds if cuda else meter.train_cpu_seconds)
+        ratios.append(times["hybrid"][-1] / times["plain"][-1])
+    return {
+        "clock": "wall_s" if cuda else "cpu_s",
+        "steps": steps,
+        "seconds": times,
+        "hybrid_over_plain": statistics.median(ratios),
+        "ratios": ratios,
+    }
+
+
+def _rss(field: str) -> int | None:
+    """``VmRSS`` (now) or ``VmHWM`` (peak) of this process in bytes, where ``/proc`` has them (Linux)."""
+    try:
+        lines = Path("/proc/self/status").read_text().splitlines()
+    except OSError:
+        return None
+    return next((int(line.split()[1]) * 1024 for line in lines if line.startswith(field + ":")), None)
+
+
+def peak_memory(size: str, steps: int, label: str, workdir: str) -> dict[str, Any]:
+    """Run one fit and return its peak memory; called in a fresh process (see ``--memory-child``). On Linux the
+    peak RSS is reset just before ``fit`` so the figure is the fit's own growth over the memory before it."""
+    extra = PREDICTING if label == "hybrid" else []
+    cfg = _config(size, steps, workdir, extra)
+    trainer, model, data, _ = build_run(cfg, hybrid=label == "hybrid")
+    cuda = torch.cuda.is_available() and cfg.trainer.accelerator != "cpu"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # resets the peak RSS to the current RSS
+        before = _rss("VmRSS")
+    except OSError:
+        before = 0
+    trainer.fit(model, data)
+    peak = _rss("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    out = {
+        "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+        "rss_before_fit_bytes": before,
+        "peak_rss_growth_bytes": peak - (before or 0),
+    }
+    if cuda:
+        out |= {
+            "peak_cuda_allocated_bytes": torch.cuda.max_memory_allocated(),
+            "peak_cuda_reserved_bytes": torch.cuda.max_memory_reserved(),
+        }
+    scheduler = find_scheduler(trainer)
+    if scheduler is not None:
+        out["predicted_steps"] = scheduler.counters.steps_by_phase["predict"]
+    return out
+
+
+def memory(size: str, steps: int) -> dict[str, Any]:
+    runs = {}
+    for label in ("plain", "hybrid"):
+        cmd = [
+            sys.executable,
+            "-m",
+            "benchmarks.overheads",
+            "--memory-child",
+            label,
+            "--sizes",
+            size,
+            "--child-steps",
+            str(steps),
+        ]
+        root = Path(__file__).parent.parent  # where `-m benchmarks` imports from
+        lines = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=root).stdout.strip().splitlines()
+        runs[label] = json.loads(lines[-1])
+    extra = {k: runs["hybrid"][k] - runs["plain"][k] for k in runs["plain"] if k.startswith("peak_")}
+    copies = {k: v / runs["plain"]["param_bytes"] for k, v in extra.items()}
+    return {"runs": runs, "hybrid_minus_plain_bytes": extra, "in_parameter_copies": copies}
+
+
+def to_markdown(results: dict[str, Any]) -> str:
+    lines = [
+        f"Machine: {results['machine'].get('cuda_device', results['machine']['processor'])}, "
+        f"{results['machine']['torch_threads']} torch threads.",
+        "",
+    ]
+    for size, r in results["sizes"].items():
+        p = r["profile"]
+        lines += [
+            f"### {size} ({p['params'] / 1e6:.2f}M parameters), ordinary step {p['ordinary_step_ms']:.1f} ms",
+            "",
+            "| component | calls | ms per call | share of ordinary-step time |",
+            "|---|---|---|---|",
+        ]
+        for label, c in p["components"].items():
+            ms = "-" if c["ms_per_call"] is None else f"{c['ms_per_call']:.3f}"
+            lines.append(f"| {label} | {c['calls']} | {ms} | {100 * c['share_of_ordinary_time']:.2f}% |")
+        o = r["ordinary_overhead"]
+        lines += [
+            "",
+            f"- Ordinary steps, hybrid never predicting / plain ({o['clock']}, median of {len(o['ratios'])}):"
+            f" **{o['hybrid_over_plain']:.3f}** (goal <= 1.03)",
+        ]
+        for key, goal in (("with_check", "1.40"), ("without_check", "1.10")):
+            ratio = r["predict_step"][key]
+            shown = "n/a" if ratio is None else f"**{ratio:.3f}**"
+            lines.append(f"- Predict step / Full step, {key.replace('_', ' ')}: {shown} (goal <= {goal})")
+        if "memory" in r:
+            m = r["memory"]
+            shown = ", ".join(
+                f"{k.removeprefix('peak_').removesuffix('_bytes')} {v / 2**20:+.1f} MiB"
+                f" ({m['in_parameter_copies'][k]:.2f} parameter copies)"
+                for k, v in m["hybrid_minus_plain_bytes"].items()
+            )
+            lines.append(f"- Peak memory, hybrid minus plain: {shown} (goal <= 1 copy)")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
+    parser.add_argument("--quick", action="store_true", help="few steps, one round: checks the script runs")
+    parser.add_argument("--out", type=Path, default=None, help="results folder (default: benchmarks/results/<device>)")
+    parser.add_argument("--memory-child", choices=("plain", "hybrid"), help=argparse.SUPPRESS)
+    parser.add_argument("--child-steps", type=int, default=40, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.memory_child:
+        with tempfile.TemporaryDirectory() as workdir:
+            print(json.dumps(peak_memory(args.sizes[0], args.child_steps, args.memory_child, workdir)))
+        return
+    results: dict[str, Any] = {"machine": machine(), "sizes": {}}
+    with tempfile.TemporaryDirectory() as workdir:
+        for size in args.sizes:
+            steps = QUICK if args.quick else STEPS[size]
+            with_check = profile(size, steps["profile"], 1, workdir)
+            without = profile(size, steps["profile"], 0, workdir)
+            results["sizes"][size] = {
+                "profile": with_check,
+                "predict_step": {
+                    "with_check": with_check["predict_over_full"],
+                    "without_check": without["predict_over_full"],
+                },
+                "ordinary_overhead": ordinary_overhead(size, steps["overhead"], steps["rounds"], workdir),
+                "memory": memory(size, steps["profile"]),
+            }
+    out = args.out or RESULTS / ("cuda" if torch.cuda.is_available() else "cpu")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "overheads.json").write_text(json.dumps(results, indent=1))
+    text = to_markdown(results)
+    (out / "overheads.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

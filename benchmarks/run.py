@@ -1,0 +1,183 @@
+"""Time to reach plain Lightning's validation quality with hybrid training, measured side by side.
+
+    python -m benchmarks.run --task char_gpt --seeds 3          # the default length (600 steps)
+    python -m benchmarks.run --task all --quick                 # every task, a minute or two
+    python -m benchmarks.run --task char_gpt --long predictor=rssm hybrid.confidence_threshold=0.3
+
+Per seed the baseline (the same experiment with plain Lightning: same module, optimizer, LR schedule, batch
+order and seed) and the hybrid run alternate in this process, so drift of the machine hits both. The target is
+the baseline's final validation loss; hybrid may train up to 1.5x the baseline's steps to reach it. Trailing
+arguments are Hydra overrides of the app config, applied to both runs. Writes ``<task>_<length>_<name>.json``
+and ``.png`` into ``--out`` and rewrites ``table.md`` there from every result in it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import re
+import statistics
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lightning
+import torch
+from omegaconf import open_dict
+
+from benchmarks.curves import AXES, Curve, CurveRecorder, time_to_target, value_at
+from benchmarks.report import plot_task, write_table
+from benchmarks.tasks import TASKS, compose_run, hybrid_steps
+from lightning_hybrid.callbacks import find_scheduler
+from lightning_hybrid.runner import build_run
+
+RESULTS = Path(__file__).parent / "results"
+CPU_TASKS = ("char_gpt", "digits_cnn", "word_lstm")  # `--task all`; the GPT-2-sized one is for GPUs
+
+
+@dataclass
+class Record:
+    """One fit: its curve and what the plugin counted."""
+
+    curve: Curve
+    device: str
+    steps: int
+    backward_skipped_pct: float = 0.0
+    rollbacks: int = 0
+    segments_started: int = 0
+    peak_cuda_allocated_bytes: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        keys = ("device", "steps", "backward_skipped_pct", "rollbacks", "segments_started", "peak_cuda_allocated_bytes")
+        return {k: getattr(self, k) for k in keys} | self.curve.to_dict()
+
+
+def fit(cfg: Any, hybrid: bool, stop: Any = None) -> Record:
+    recorder = CurveRecorder(cfg.monitor, stop)
+    trainer, model, data, _ = build_run(cfg, hybrid, extra_callbacks=[recorder])
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    trainer.fit(model, data)
+    scheduler = find_scheduler(trainer)
+    record = Record(recorder.curve, trainer.strategy.root_device.type, trainer.global_step)
+    if record.device == "cuda":
+        record.peak_cuda_allocated_bytes = torch.cuda.max_memory_allocated()
+    if scheduler is not None:
+        counters = scheduler.counters
+        record.backward_skipped_pct = round(counters.backward_skipped_pct, 3)
+        record.rollbacks, record.segments_started = counters.rollbacks, counters.segments_started
+    return record
+
+
+def compare_seed(baseline: Record, hybrid: Record, steps: int) -> dict[str, Any]:
+    """Everything the report says about one seed; ``None`` wherever hybrid did not get there."""
+    target = baseline.curve.points[-1].val_loss
+    result: dict[str, Any] = {"target": target, "to_target": {}, "loss_ratio_equal_time": {}}
+    for axis in AXES:
+        b = time_to_target(baseline.curve.axis(axis), baseline.curve.losses, target)
+        h = time_to_target(hybrid.curve.axis(axis), hybrid.curve.losses, target)
+        result["to_target"][axis] = {"baseline": b, "hybrid": h, "speedup": b / h if h else None}
+        at = value_at(hybrid.curve.axis(axis), hybrid.curve.losses, getattr(baseline.curve.points[-1], axis))
+        result["loss_ratio_equal_time"][axis] = None if at is None else at / target
+    at_steps = hybrid.curve.at_step(steps)
+    result["loss_ratio_equal_steps"] = None if at_steps is None else at_steps / target
+    result["hybrid_best_loss"] = min(hybrid.curve.losses)
+    result["baseline"], result["hybrid"] = baseline.to_dict(), hybrid.to_dict()
+    return result
+
+
+def run_task(task: str, length: str, seeds: int, overrides: list[str], workdir: str) -> dict[str, Any]:
+    spec = TASKS[task].lengths[length]
+    warm = compose_run(task, length, 0, overrides, workdir)
+    with open_dict(warm):
+        warm.trainer.max_steps = warm.trainer.val_check_interval = min(20, spec.steps)
+    fit(warm, hybrid=True)  # discarded: one-time costs (lazy init, allocator, data setup) must not hit run 1 alone
+    per_seed = []
+    for seed in range(seeds):
+        baseline = fit(compose_run(task, length, seed, overrides, workdir), hybrid=False)
+        end = baseline.curve.points[-1]
+        clock = "wall_s" if baseline.device == "cuda" else "cpu_s"
+
+        def shown_enough(curve: Curve, end=end, clock=clock) -> bool:
+            """Hybrid has reached the target and passed the baseline's steps and time: nothing left to report."""
+            last = curve.points[-1]
+            reached = min(curve.losses) <= end.val_loss
+            return reached and last.step >= spec.steps and getattr(last, clock) >= getattr(end, clock)
+
+        cfg = compose_run(task, length, seed, overrides, workdir)
+        with open_dict(cfg):
+            cfg.trainer.max_steps = hybrid_steps(spec)
+        hybrid = fit(cfg, hybrid=True, stop=shown_enough)
+        per_seed.append({"seed": seed, "clock": clock} | compare_seed(baseline, hybrid, spec.steps))
+        print(f"{task} seed {seed}: target {end.val_loss:.4f}, speedup {per_seed[-1]['to_target'][clock]['speedup']}")
+    return {"task": task, "length": length, "steps": spec.steps, "overrides": overrides, "seeds": per_seed}
+
+
+def summarize(result: dict[str, Any]) -> dict[str, Any]:
+    """Median and range over seeds of each reported figure, on the seeds' headline clock."""
+    seeds = result["seeds"]
+    clock = seeds[0]["clock"]
+
+    def spread(values: list[float | None]) -> dict[str, Any]:
+        known = [v for v in values if v is not None]
+        if len(known) < len(values):
+            return {"median": None, "min": None, "max": None, "missing": len(values) - len(known)}
+        return {"median": statistics.median(known), "min": min(known), "max": max(known), "missing": 0}
+
+    return {
+        "clock": clock,
+        "speedup": spread([s["to_target"][clock]["speedup"] for s in seeds]),
+        "backward_ratio": spread([s["to_target"]["backward"]["speedup"] for s in seeds]),
+        "loss_ratio_equal_steps": spread([s["loss_ratio_equal_steps"] for s in seeds]),
+        "loss_ratio_equal_time": spread([s["loss_ratio_equal_time"][clock] for s in seeds]),
+        "backward_skipped_pct": spread([s["hybrid"]["backward_skipped_pct"] for s in seeds]),
+        "rollbacks": sum(s["hybrid"]["rollbacks"] for s in seeds),
+        "hybrid_best_loss": spread([s["hybrid_best_loss"] for s in seeds]),
+        "target": spread([s["target"] for s in seeds]),
+    }
+
+
+def machine() -> dict[str, Any]:
+    info = {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "lightning": lightning.__version__,
+        "torch_threads": torch.get_num_threads(),
+    }
+    if torch.cuda.is_available():
+        info["cuda_device"] = torch.cuda.get_device_name()
+    return info
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--task", default="all", choices=[*TASKS, "all"], help="all: every task but char_gpt_gpt2")
+    parser.add_argument("--seeds", type=int, default=3)
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--quick", action="store_const", const="quick", dest="length", help="a few dozen steps")
+    group.add_argument("--long", action="store_const", const="long", dest="length", help="several thousand steps")
+    parser.add_argument("--name", default=None, help="label of this hybrid configuration (default: from overrides)")
+    parser.add_argument("--out", type=Path, default=None, help="results folder (default: benchmarks/results/<device>)")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides of the app config, e.g. predictor=rssm")
+    args = parser.parse_args(argv)
+    if args.seeds < 1:
+        parser.error(f"--seeds must be at least 1, got {args.seeds}")
+    length = args.length or "default"
+    name = args.name or (re.sub(r"[^A-Za-z0-9.=-]+", "_", "_".join(args.overrides)) or "defaults")
+    out = args.out or RESULTS / ("cuda" if torch.cuda.is_available() else "cpu")
+    out.mkdir(parents=True, exist_ok=True)
+    for task in CPU_TASKS if args.task == "all" else [args.task]:
+        with tempfile.TemporaryDirectory() as workdir:
+            result = run_task(task, length, args.seeds, args.overrides, workdir)
+        result |= {"name": name, "machine": machine(), "summary": summarize(result)}
+        stem = f"{task}_{length}_{name}"
+        (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
+        plot_task(result, out / f"{stem}.png")
+    print(write_table(out))
+
+
+if __name__ == "__main__":
+    main()

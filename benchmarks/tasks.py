@@ -1,0 +1,87 @@
+"""The benchmark tasks: the app's example experiments at three lengths, composed with Hydra so the harness
+trains exactly what ``lightning-hybrid-train experiment=<task>`` trains."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, open_dict
+
+from lightning_hybrid.train import config_dir
+
+HYBRID_BUDGET = 1.5  # hybrid may train this many times the baseline's steps to reach the baseline's final loss
+
+
+@dataclass(frozen=True)
+class Length:
+    """How long a run is and how often it is validated (in steps)."""
+
+    steps: int
+    val_every: int
+    val_batches: int | float
+
+
+@dataclass(frozen=True)
+class Task:
+    experiment: str
+    lengths: dict[str, Length]
+    overrides: tuple[str, ...] = ()
+
+
+def _standard(quick_val_batches: int | float, val_batches: int | float) -> dict[str, Length]:
+    """The example tasks' lengths: 60 / 600 / 3000 steps, validated every 20 / 50 / 100 steps."""
+    return {
+        "quick": Length(60, 20, quick_val_batches),
+        "default": Length(600, 50, val_batches),
+        "long": Length(3000, 100, val_batches),
+    }
+
+
+TASKS = {
+    "char_gpt": Task("char_gpt", _standard(4, 20)),
+    "digits_cnn": Task("digits_cnn", _standard(1.0, 1.0)),
+    "word_lstm": Task("word_lstm", _standard(4, 1.0)),
+    # GPT-2 small's shape (12 layers, 768 wide, 12 heads, sequence 256) over bytes: 85M parameters, GPT-2's
+    # 124M less its 50,257-token embedding. For a GPU: add `trainer=gpu`.
+    "char_gpt_gpt2": Task(
+        "char_gpt",
+        {"quick": Length(6, 3, 2), "default": Length(300, 25, 10), "long": Length(1000, 50, 10)},
+        ("model.n_layer=12", "model.n_head=12", "model.n_embd=768", "data.block_size=256", "model.lr=6e-4"),
+    ),
+}
+
+
+def hybrid_steps(length: Length) -> int:
+    """The hybrid run's step budget: ``HYBRID_BUDGET`` times the baseline's, on a validation boundary."""
+    evaluations = math.ceil(HYBRID_BUDGET * length.steps / length.val_every)
+    return evaluations * length.val_every
+
+
+def compose_run(task: str, length: str, seed: int, overrides: Sequence[str], output_dir: str) -> DictConfig:
+    """The app config of one benchmark run: the task's experiment, its length, quiet output, no logger (the
+    harness records its own curves) and the user's ``overrides`` (e.g. ``predictor=rssm``) on top."""
+    spec = TASKS[task].lengths[length]
+    base = [
+        f"experiment={TASKS[task].experiment}",
+        f"seed={seed}",
+        f"trainer.max_steps={spec.steps}",
+        f"trainer.val_check_interval={spec.val_every}",
+        "++trainer.check_val_every_n_epoch=null",
+        f"trainer.limit_val_batches={spec.val_batches}",
+        "++trainer.num_sanity_val_steps=0",
+        "trainer.enable_progress_bar=false",
+        "trainer.enable_model_summary=false",
+        "callbacks=none",
+        "~logger",
+        f"paths.output_dir={output_dir}",
+        *TASKS[task].overrides,
+    ]
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        cfg = compose("train", overrides=[*base, *overrides])
+    with open_dict(cfg):
+        if "max_steps" in cfg.model:  # an LR schedule's length is the baseline's, whatever the run's budget
+            cfg.model.max_steps = spec.steps
+    return cfg

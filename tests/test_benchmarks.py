@@ -1,0 +1,114 @@
+"""The benchmark harness: its arithmetic, and its quick mode end to end so it cannot rot."""
+
+import json
+
+import pytest
+
+from benchmarks.curves import time_to_target, value_at
+from benchmarks.run import main
+from benchmarks.tasks import TASKS, hybrid_steps
+
+
+def test_time_to_target_interpolates_between_evaluations():
+    xs, losses = [10.0, 20.0, 30.0], [3.0, 2.0, 1.0]
+    assert time_to_target(xs, losses, 2.5) == pytest.approx(15.0)
+    assert time_to_target(xs, losses, 2.0) == pytest.approx(20.0)
+    assert time_to_target(xs, losses, 3.5) == 10.0  # already there at the first evaluation
+    assert time_to_target(xs, losses, 0.5) is None  # never reached: no made-up number
+    # the *first* crossing counts, even if the loss rises again afterwards
+    assert time_to_target([1.0, 2.0, 3.0, 4.0], [3.0, 1.0, 4.0, 0.5], 2.0) == pytest.approx(1.5)
+
+
+def test_value_at_interpolates_inside_the_evaluated_range_only():
+    xs, losses = [10.0, 20.0], [3.0, 2.0]
+    assert value_at(xs, losses, 15.0) == pytest.approx(2.5)
+    assert value_at(xs, losses, 10.0) == 3.0
+    assert value_at(xs, losses, 25.0) is None
+    assert value_at(xs, losses, 5.0) is None
+
+
+def test_hybrid_budget_is_one_and_a_half_times_on_a_validation_boundary():
+    for task in TASKS.values():
+        for length in task.lengths.values():
+            steps = hybrid_steps(length)
+            assert steps % length.val_every == 0
+            assert 1.5 * length.steps <= steps < 1.5 * length.steps + length.val_every
+
+
+def _run_quick(tmp_path, *overrides):
+    out = tmp_path / "results"
+    main(["--task", "char_gpt", "--quick", "--seeds", "2", "--name", "t", "--out", str(out), *overrides])
+    return json.loads((out / "char_gpt_quick_t.json").read_text()), out
+
+
+def test_quick_harness_end_to_end(tmp_path):
+    result, out = _run_quick(tmp_path, "hybrid.warmup_steps=10", "hybrid.confidence_threshold=0.0")
+    spec = TASKS["char_gpt"].lengths["quick"]
+    assert [s["seed"] for s in result["seeds"]] == [0, 1]
+    for seed in result["seeds"]:
+        base, hyb = seed["baseline"], seed["hybrid"]
+        assert seed["clock"] == "cpu_s"
+        assert [p["step"] for p in base["points"]] == list(range(spec.val_every, spec.steps + 1, spec.val_every))
+        assert base["points"][-1]["backward"] == spec.steps  # plain: one backward pass per step
+        assert seed["target"] == base["points"][-1]["val_loss"]
+        # hybrid predicted, so it skipped backward passes, and its segments were recorded
+        assert hyb["backward_skipped_pct"] > 0 and hyb["segments_started"] == len(hyb["segments"]) > 0
+        last = hyb["points"][-1]
+        assert last["backward"] < last["step"]
+        assert spec.steps <= hyb["steps"] <= hybrid_steps(spec)
+        # the reported ratios are the ones the curves give
+        ttt = seed["to_target"]["cpu_s"]
+        if ttt["hybrid"] is not None:
+            assert ttt["speedup"] == pytest.approx(ttt["baseline"] / ttt["hybrid"])
+        else:
+            assert ttt["speedup"] is None and hyb["steps"] == hybrid_steps(spec)
+        at_steps = next(p["val_loss"] for p in hyb["points"] if p["step"] == spec.steps)
+        assert seed["loss_ratio_equal_steps"] == pytest.approx(at_steps / seed["target"])
+    table = (out / "table.md").read_text()
+    assert "| char_gpt | quick (60 steps) | `t` | 2 |" in table
+    assert (out / "char_gpt_quick_t.png").stat().st_size > 10_000
+
+
+def test_without_prediction_hybrid_matches_plain_bitwise_at_equal_steps(tmp_path):
+    """Same module, seed and batch order: with prediction off the two runs' losses must be identical, which is
+    what makes the harness's comparison a fair one."""
+    result, _ = _run_quick(tmp_path, "hybrid.enable_prediction=false")
+    for seed in result["seeds"]:
+        assert seed["loss_ratio_equal_steps"] == 1.0
+        assert seed["to_target"]["backward"]["speedup"] == 1.0
+        assert seed["hybrid"]["backward_skipped_pct"] == 0.0
+
+
+def test_quick_overheads_time_every_component(tmp_path):
+    from benchmarks.overheads import COMPONENTS
+    from benchmarks.overheads import main as overheads
+
+    overheads(["--sizes", "1M", "--quick", "--out", str(tmp_path)])
+    result = json.loads((tmp_path / "overheads.json").read_text())["sizes"]["1M"]
+    profile = result["profile"]
+    assert 1.0e6 < profile["params"] < 1.2e6
+    assert profile["steps_by_phase"]["predict"] > 0
+    for label, component in profile["components"].items():
+        assert component["calls"] > 0, label  # the predicting run exercised every component
+        assert component["ms_per_call"] > 0 and component["share_of_ordinary_time"] > 0
+    assert set(profile["components"]) == set(COMPONENTS)
+    assert result["predict_step"]["with_check"] is not None and result["predict_step"]["without_check"] is not None
+    assert len(result["ordinary_overhead"]["ratios"]) == 1
+    memory = result["memory"]
+    assert memory["runs"]["hybrid"]["predicted_steps"] > 0 and "predicted_steps" not in memory["runs"]["plain"]
+    assert memory["runs"]["plain"]["param_bytes"] == memory["runs"]["hybrid"]["param_bytes"] == 4 * profile["params"]
+    text = (tmp_path / "overheads.md").read_text()
+    assert all(label in text for label in COMPONENTS)
+
+
+def test_gpt2_sized_task_has_gpt2_small_shape(tmp_path):
+    from hydra.utils import instantiate
+
+    from benchmarks.tasks import compose_run
+
+    cfg = compose_run("char_gpt_gpt2", "default", 0, [], str(tmp_path))
+    model = instantiate(cfg.model)
+    shape = {key: model.hparams[key] for key in ("n_layer", "n_embd", "n_head", "block_size")}
+    assert shape == {"n_layer": 12, "n_embd": 768, "n_head": 12, "block_size": 256}
+    assert model.hparams.max_steps == 300  # the LR schedule spans the baseline's steps
+    assert 85e6 < sum(p.numel() for p in model.parameters()) < 86e6
