@@ -7,6 +7,7 @@ from lightning_hybrid.callbacks import (
     HybridProgressBar,
     HybridScheduler,
     ResidualCorrector,
+    VRAMLogger,
     hybrid_callbacks,
 )
 from lightning_hybrid.config import HybridConfig
@@ -30,5 +31,6 @@ __all__ = [
     "Phase",
     "ResidualCorrector",
     "RunMeter",
+    "VRAMLogger",
     "hybrid_callbacks",
 ]

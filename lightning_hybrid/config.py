@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from lightning_hybrid.validation import check_float, check_int
+from lightning_hybrid.validation import check_choice, check_float, check_int
+
+PREDICT_MEMORY = ("none", "offload", "aggressive")
+PREDICT_PRECISION = ("32", "bf16")
 
 
 @dataclass
@@ -23,6 +26,12 @@ class HybridConfig:
         max_consecutive_rollbacks: after this many rollbacks in a row prediction is switched off for the run.
         enable_prediction: ``False`` runs the plugin as plain training (statistics and logging only),
             which is the baseline for overhead measurements.
+        predict_memory: what Predict segments free. ``"none"``: nothing. ``"offload"``: gradients are freed and
+            the optimizer state moves to (pinned) host memory when a segment starts, and is copied back
+            asynchronously when it ends, in time for the next optimizer update. ``"aggressive"``: also keeps the
+            rollback snapshot in host memory, releasing the device's update buffer during the segment.
+        predict_precision: ``"32"`` runs Predict forward checks in the Trainer's precision; ``"bf16"`` runs them
+            under bf16 autocast whatever the Trainer's precision. Updates are applied in the parameters' dtype.
     """
 
     warmup_steps: int = 100
@@ -33,6 +42,8 @@ class HybridConfig:
     correction_steps: int = 5
     max_consecutive_rollbacks: int = 5
     enable_prediction: bool = True
+    predict_memory: str = "none"
+    predict_precision: str = "32"
 
     def __post_init__(self) -> None:
         owner = "HybridConfig"
@@ -45,6 +56,8 @@ class HybridConfig:
         check_int(owner, "max_consecutive_rollbacks", self.max_consecutive_rollbacks, 1)
         if not isinstance(self.enable_prediction, bool):
             raise ValueError(f"{owner}: `enable_prediction` must be True or False, got {self.enable_prediction!r}")
+        check_choice(owner, "predict_memory", self.predict_memory, PREDICT_MEMORY)
+        check_choice(owner, "predict_precision", self.predict_precision, PREDICT_PRECISION)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -12,6 +12,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_hybrid import HybridPredictStrategy, HybridScheduler, Phase, hybrid_callbacks
+from lightning_hybrid.predictors import LinearPredictor, Plan
 
 
 def regression_data(n: int = 256, seed: int = 1) -> TensorDataset:
@@ -87,6 +88,17 @@ class RegressionModel(L.LightningModule):
             return opt
         sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.99)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+class SometimesExploding(LinearPredictor):
+    """Blows up the plans made while its observation count is in an odd block of five: a pure function of its
+    checkpointed state, so resumed runs see the same failures."""
+
+    def plan(self, horizon: int, features=None) -> Plan:
+        plan = super().plan(horizon, features)
+        if (self._observed // 5) % 2:
+            plan.scales = [[s * 1e4 for s in row] for row in plan.scales]
+        return plan
 
 
 class MemoryLogger(Logger):

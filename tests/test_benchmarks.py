@@ -1,12 +1,17 @@
 """The benchmark harness: its arithmetic, and its quick mode end to end so it cannot rot."""
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 
 from benchmarks.curves import time_to_target, value_at
+from benchmarks.report import write_table
 from benchmarks.run import main
 from benchmarks.tasks import TASKS, hybrid_steps
+
+ROOT = Path(__file__).parent.parent
 
 
 def test_time_to_target_interpolates_between_evaluations():
@@ -112,3 +117,14 @@ def test_gpt2_sized_task_has_gpt2_small_shape(tmp_path):
     assert shape == {"n_layer": 12, "n_embd": 768, "n_head": 12, "block_size": 256}
     assert model.hparams.max_steps == 300  # the LR schedule spans the baseline's steps
     assert 85e6 < sum(p.numel() for p in model.parameters()) < 86e6
+
+
+def test_readme_table_is_the_one_the_harness_made_from_the_committed_results(tmp_path):
+    results = ROOT / "benchmarks" / "results" / "cpu"
+    for path in results.glob("*.json"):
+        shutil.copy(path, tmp_path)
+    table = write_table(tmp_path)
+    assert table == (results / "table.md").read_text()
+    rows = [line for line in table.splitlines() if line.startswith("| ")]
+    readme = (ROOT / "README.md").read_text()
+    assert len(rows) >= 5 and all(row in readme for row in rows)

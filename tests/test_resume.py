@@ -17,22 +17,10 @@ from lightning_hybrid import (
     ResidualCorrector,
     hybrid_callbacks,
 )
-from lightning_hybrid.predictors import LinearPredictor, Plan
-from tests.helpers import RegressionModel, flat_params, hybrid_trainer, loader, scheduler_of
+from tests.helpers import RegressionModel, SometimesExploding, flat_params, hybrid_trainer, loader, scheduler_of
 
 SETTINGS = dict(warmup_steps=3, full_steps=3, max_predict_steps=5, confidence_threshold=0.0, correction_steps=2)
 STEPS = 40
-
-
-class SometimesExploding(LinearPredictor):
-    """Blows up the plans made while its observation count is in an odd block of five: a pure function of its
-    checkpointed state, so resumed runs see the same failures."""
-
-    def plan(self, horizon: int, features=None) -> Plan:
-        plan = super().plan(horizon, features)
-        if (self._observed // 5) % 2:
-            plan.scales = [[s * 1e4 for s in row] for row in plan.scales]
-        return plan
 
 
 LEARNED = {
@@ -41,23 +29,24 @@ LEARNED = {
 }
 
 
-def _callbacks(kind: str):
+def _callbacks(kind: str, memory: str = "none"):
     if kind == "linear":
         return hybrid_callbacks(**SETTINGS, bandit=False)
     if kind == "exploding":
         predictor = DynamicsPredictor(SometimesExploding())
-        return [HybridScheduler(**SETTINGS), predictor, ResidualCorrector(), DivergenceMonitor()]
+        scheduler = HybridScheduler(**SETTINGS, predict_memory=memory)
+        return [scheduler, predictor, ResidualCorrector(), DivergenceMonitor()]
     # learned predictors with the bandit, whose step-count costs make its decisions deterministic
     return hybrid_callbacks(predictor=kind, cost="steps", alpha=2.0, **SETTINGS, **LEARNED[kind])
 
 
-def _run(root, ckpt_path=None, checkpoint_every_epoch=False, kind="linear"):
+def _run(root, ckpt_path=None, checkpoint_every_epoch=False, kind="linear", memory="none"):
     extra = []
     if checkpoint_every_epoch:
         extra.append(ModelCheckpoint(dirpath=root / "ckpt", save_top_k=-1, every_n_train_steps=2, filename="{step}"))
     trainer, _ = hybrid_trainer(
         STEPS,
-        hybrid=_callbacks(kind),
+        hybrid=_callbacks(kind, memory),
         extra_callbacks=extra,
         logger=False,
         enable_checkpointing=checkpoint_every_epoch,
@@ -97,8 +86,9 @@ def test_resume_from_every_phase_is_bitwise_exact(tmp_path):
             assert summary[key] == reference_summary[key], key
 
 
-def test_resume_mid_predict_then_roll_back_restores_the_checkpointed_snapshot(tmp_path):
-    model, trainer = _run(tmp_path / "full", checkpoint_every_epoch=True, kind="exploding")
+@pytest.mark.parametrize("memory", ["none", "aggressive"])  # snapshot in the device buffer / in host memory
+def test_resume_mid_predict_then_roll_back_restores_the_checkpointed_snapshot(tmp_path, memory):
+    model, trainer = _run(tmp_path / "full", checkpoint_every_epoch=True, kind="exploding", memory=memory)
     reference = flat_params(model)
     assert scheduler_of(trainer).counters.rollbacks >= 2
     ckpts = sorted((tmp_path / "full" / "ckpt").glob("*.ckpt"), key=lambda p: int(p.stem.split("=")[1]))
@@ -113,7 +103,7 @@ def test_resume_mid_predict_then_roll_back_restores_the_checkpointed_snapshot(tm
     ]
     assert followed_by_rollback
     for path in followed_by_rollback:
-        resumed, _ = _run(tmp_path / f"resume_{path.stem}", ckpt_path=path, kind="exploding")
+        resumed, _ = _run(tmp_path / f"resume_{path.stem}", ckpt_path=path, kind="exploding", memory=memory)
         assert torch.equal(flat_params(resumed), reference), path.name
 
 

@@ -11,6 +11,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning_hybrid.callbacks.bandit import HorizonBandit
 from lightning_hybrid.callbacks.base import HybridComponent
 from lightning_hybrid.callbacks.corrector import ResidualCorrector
+from lightning_hybrid.callbacks.memory import VRAMLogger
 from lightning_hybrid.callbacks.monitor import DivergenceMonitor
 from lightning_hybrid.callbacks.predictor import DynamicsPredictor
 from lightning_hybrid.callbacks.progress import HybridProgressBar
@@ -100,6 +101,7 @@ __all__ = [
     "HybridProgressBar",
     "HybridScheduler",
     "ResidualCorrector",
+    "VRAMLogger",
     "find_scheduler",
     "hybrid_callbacks",
 ]

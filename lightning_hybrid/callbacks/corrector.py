@@ -54,6 +54,19 @@ class ResidualCorrector(HybridComponent):
         self.time_decay = check_float(owner, "time_decay", time_decay, 0.0, 1.0, open_low=True)
         self.correction_interval = check_int(owner, "correction_interval", correction_interval)
         self.residuals: deque[dict[str, Any]] = deque(maxlen=max_residuals)
+        # Row ``slot`` of a residual holds its state features: one tensor for the whole store, so a long run's
+        # residuals never add live tensors, and recall indexes rows instead of stacking a tensor per residual.
+        self._features: Tensor | None = None
+        self._next_slot = 0
+
+    def _store(self, residual: dict[str, Any], features: Tensor) -> None:
+        features = features.detach().float().cpu().flatten()
+        if self._features is None or self._features.shape[1] != features.numel():
+            self._features, self._next_slot = torch.zeros(self.max_residuals, features.numel()), 0
+            self.residuals.clear()
+        slot, self._next_slot = self._next_slot, (self._next_slot + 1) % self.max_residuals
+        self._features[slot] = features  # the deque drops its oldest entry, the owner of this row, when full
+        self.residuals.append(residual | {"slot": slot})
 
     def observe(self, step: int, stats: UpdateStats, features: Tensor) -> None:
         """Store a Correct step's residual."""
@@ -63,21 +76,15 @@ class ResidualCorrector(HybridComponent):
             ratio = stats.best_scale(g)
             log_ratios.append(min(max(math.log(ratio), -bound), bound) if ratio > 0 else -bound)
         loss_residual = stats.loss - stats.predicted_loss
-        self.residuals.append(
-            {
-                "step": step,
-                "features": features.detach().float().cpu(),
-                "log_ratios": log_ratios,
-                "loss_residual": loss_residual if math.isfinite(loss_residual) else 0.0,
-            }
-        )
+        residual = {"step": step, "log_ratios": log_ratios}
+        self._store(residual | {"loss_residual": loss_residual if math.isfinite(loss_residual) else 0.0}, features)
 
     def correction(self, features: Tensor, step: int, num_groups: int) -> tuple[list[float], float]:
         """Update factor per group and loss offset for a prediction made now in state ``features``."""
         usable = [r for r in self.residuals if len(r["log_ratios"]) == num_groups]
         if not usable:
             return [1.0] * num_groups, 0.0
-        stored = torch.stack([r["features"] for r in usable])
+        stored = self._features[[r["slot"] for r in usable]]
         distance = (stored - features.detach().float().cpu()).square().sum(1)
         ages = torch.tensor([float(step - r["step"]) for r in usable])
         weights = torch.exp(-distance / (2 * self.bandwidth**2 * features.numel())) * self.time_decay**ages
@@ -113,7 +120,13 @@ class ResidualCorrector(HybridComponent):
         return replace(plan, loss=loss, loss_upper=upper)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"residuals": [dict(r) for r in self.residuals]}
+        residuals = [{k: v for k, v in r.items() if k != "slot"} for r in self.residuals]
+        for saved, r in zip(residuals, self.residuals):
+            saved["features"] = self._features[r["slot"]].clone()
+        return {"residuals": residuals}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.residuals = deque((dict(r) for r in state["residuals"]), maxlen=self.max_residuals)
+        self.residuals = deque(maxlen=self.max_residuals)
+        self._features, self._next_slot = None, 0
+        for saved in state["residuals"]:
+            self._store({k: v for k, v in saved.items() if k != "features"}, saved["features"])

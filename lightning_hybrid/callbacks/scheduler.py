@@ -9,6 +9,7 @@ exactly as the uninterrupted run would.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -29,6 +30,7 @@ from lightning_hybrid.callbacks.corrector import ResidualCorrector
 from lightning_hybrid.callbacks.monitor import DivergenceMonitor
 from lightning_hybrid.callbacks.predictor import DynamicsPredictor
 from lightning_hybrid.config import HybridConfig
+from lightning_hybrid.offload import OptimizerStateOffload, host_like
 from lightning_hybrid.phase import Phase
 from lightning_hybrid.predictors import Plan
 from lightning_hybrid.summary import RunCounters, format_summary
@@ -78,6 +80,7 @@ class HybridScheduler(HybridComponent):
         self._factors: list[float] = []
         self._bandit_arm = 0
         self._errors = {"sum": 0.0, "count": 0}
+        self.summary_extras: dict[str, Any] = {}  # what other callbacks add to the summary (e.g. memory peaks)
         # run wiring, set in setup / on_train_start
         self._strategy: pl.strategies.Strategy | None = None
         self._optimizer: Optimizer | None = None
@@ -85,6 +88,9 @@ class HybridScheduler(HybridComponent):
         self._group_index: list[int] = []
         self._params: list[Tensor] = []
         self._buffer: list[Tensor] = []
+        self._host_snapshot: list[Tensor] = []  # predict_memory="aggressive": the rollback snapshot, on the host
+        self._snapshot_on_host = False
+        self._offload: OptimizerStateOffload | None = None
         self._buffer_groups: list[list[Tensor]] = []
         self._hooks: list[Any] = []
         self._automatic = True
@@ -150,11 +156,9 @@ class HybridScheduler(HybridComponent):
         if not self._groups:
             raise ValueError("The optimizer holds no trainable parameters; hybrid training needs at least one.")
         self._optimizer = optimizer
+        self._offload = OptimizerStateOffload(optimizer) if self.config.predict_memory != "none" else None
         self._params = [p for group in self._groups for p in group]
-        self._buffer = [torch.empty_like(p) for p in self._params]
-        sizes = [len(group) for group in self._groups]
-        starts = [sum(sizes[:i]) for i in range(len(sizes))]
-        self._buffer_groups = [self._buffer[s : s + n] for s, n in zip(starts, sizes)]
+        self._allocate_buffer()
         if self._pending_snapshot is not None:
             self._copy(self._buffer, [t.to(b.device) for t, b in zip(self._pending_snapshot, self._buffer)])
             self._pending_snapshot = None
@@ -187,6 +191,10 @@ class HybridScheduler(HybridComponent):
         rank_zero_info(format_summary(summary))
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self._offload is not None:  # a fit that ended inside a segment leaves the state on its device
+            self._offload.restore()
+            self._offload.wait()
+            self._offload = None
         for hook in self._hooks:
             hook.remove()
         self._hooks, self._buffer, self._buffer_groups = [], [], []
@@ -201,11 +209,16 @@ class HybridScheduler(HybridComponent):
         if self._automatic and not self._forward_now:
             # Lightning needs a tensor (``None`` is refused under DDP): hand it the predicted loss.
             return torch.tensor(self._plan.loss[self._segment_pos], device=self._strategy.root_device)
-        with torch.no_grad():
+        with torch.no_grad(), self._predict_autocast():
             output = run()
         if self._automatic:
             self._forward_loss = _loss_of(output)
         return output
+
+    def _predict_autocast(self) -> Any:
+        if self.config.predict_precision == "bf16":
+            return torch.autocast(self._strategy.root_device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
 
     def record_loss(self, loss: Tensor) -> None:
         """Loss passed to ``backward`` (summed over accumulated micro-batches)."""
@@ -222,6 +235,8 @@ class HybridScheduler(HybridComponent):
 
         def guarded() -> Any:
             output = closure()
+            if self._offload is not None:
+                self._offload.wait()  # optimizer state copied back after a segment: the update reads it next
             self._check_ordinary_step(optimizer)
             return output
 
@@ -380,6 +395,7 @@ class HybridScheduler(HybridComponent):
         elif self.phase is Phase.FULL and self._phase_step >= cfg.full_steps:
             self._try_start_segment()
         elif self.phase is Phase.PREDICT and self._segment_pos >= self._plan.horizon:
+            self._end_segment_memory()
             self._enter(Phase.CORRECT)
         elif self.phase is Phase.CORRECT and self._phase_step >= cfg.correction_steps:
             if self.bandit is not None:
@@ -417,7 +433,7 @@ class HybridScheduler(HybridComponent):
             self.counters.invalid_plans += 1
             self._count_failed_segment()
             return
-        self._copy(self._buffer, self._params)  # the rollback snapshot
+        self._take_snapshot()
         self._snapshot_alive = True
         self._plan = plan
         self._segment_pos = 0
@@ -446,8 +462,10 @@ class HybridScheduler(HybridComponent):
                     torch._foreach_add_(params, list(directions), alpha=alpha)
 
     def _rollback(self, reason: str) -> None:
-        self._copy(self._params, self._buffer)
-        self._snapshot_alive = False
+        if self.phase is Phase.PREDICT:
+            self._end_segment_memory()
+        self._copy(self._params, self._host_snapshot if self._snapshot_on_host else self._buffer)
+        self._release_snapshot()
         self.counters.rollbacks += 1
         self.counters.predicted_steps_rolled_back += self._segment_pos
         self._count_failed_segment()
@@ -467,10 +485,45 @@ class HybridScheduler(HybridComponent):
             )
 
     def _accept_segment(self) -> None:
-        self._snapshot_alive = False
+        self._release_snapshot()
         self._consecutive_rollbacks = 0
         self._horizon = min(self.config.max_predict_steps, self._horizon * 2)
         self.counters.segments_accepted += 1
+
+    # --------------------------------------------------------------------------------------------- memory
+    def _allocate_buffer(self) -> None:
+        """The device buffer that holds each ordinary step's update and, between segments' start and
+        verification, the rollback snapshot."""
+        self._buffer = [torch.empty_like(p) for p in self._params]
+        sizes = [len(group) for group in self._groups]
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        self._buffer_groups = [self._buffer[s : s + n] for s, n in zip(starts, sizes)]
+
+    def _take_snapshot(self) -> None:
+        """Start of a segment: snapshot the weights and free what Predict does not need (``predict_memory``)."""
+        mode = self.config.predict_memory
+        if mode == "aggressive":
+            if not self._host_snapshot:
+                self._host_snapshot = [host_like(p) for p in self._params]
+            self._copy(self._host_snapshot, self._params)
+            self._snapshot_on_host = True
+            self._buffer, self._buffer_groups = [], []
+        else:
+            self._copy(self._buffer, self._params)
+        if mode != "none":
+            self._optimizer.zero_grad(set_to_none=True)
+            self._offload.offload()
+
+    def _end_segment_memory(self) -> None:
+        """Predicted steps are over: bring the optimizer state back in time for the next update."""
+        if self._offload is not None:
+            self._offload.restore()
+
+    def _release_snapshot(self) -> None:
+        self._snapshot_alive = False
+        if self._snapshot_on_host:
+            self._snapshot_on_host = False
+            self._allocate_buffer()
 
     # -------------------------------------------------------------------------------------------- helpers
     @staticmethod
@@ -528,6 +581,7 @@ class HybridScheduler(HybridComponent):
             out["arm_counts"] = {str(arm): n for arm, n in zip(self.bandit.arms, self.bandit.counts)}
         out["final_confidence"] = self.predictor.predictor.confidence()
         out["config"] = self.config.to_dict()
+        out.update(self.summary_extras)
         return out
 
     # ---------------------------------------------------------------------------------------------- state
@@ -549,7 +603,8 @@ class HybridScheduler(HybridComponent):
             "snapshot": None,
         }
         if self._snapshot_alive:
-            state["snapshot"] = [t.detach().to("cpu", copy=True) for t in self._buffer]
+            snapshot = self._host_snapshot if self._snapshot_on_host else self._buffer
+            state["snapshot"] = [t.detach().to("cpu", copy=True) for t in snapshot]
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
