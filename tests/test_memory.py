@@ -1,6 +1,5 @@
 """Memory: the VRAMLogger, predict-aware offload, per-phase precision, and no growth over long runs."""
 
-import gc
 import json
 import warnings
 
@@ -9,6 +8,8 @@ import pytest
 import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
 
+from benchmarks.long_run import MemorySampler
+from benchmarks.long_run import main as long_run
 from lightning_hybrid import (
     DivergenceMonitor,
     DynamicsPredictor,
@@ -195,6 +196,19 @@ def test_bf16_predict_precision_autocasts_predicted_forwards_only():
     assert all(p.dtype == torch.float32 for p in model.parameters())
 
 
+@pytest.mark.parametrize("predict_precision", ["32", "bf16"])
+def test_bf16_mixed_trainer_runs_every_forward_in_bf16_and_keeps_float32_weights(predict_precision):
+    trainer, _ = hybrid_trainer(
+        40, settings={"predict_precision": predict_precision}, precision="bf16-mixed", logger=False
+    )
+    model = AutocastRecorder()
+    trainer.fit(model, loader())
+    assert scheduler_of(trainer).counters.steps_by_phase["predict"] > 0
+    assert any(not grad for grad, _, _ in model.calls)
+    assert all(on and dtype == torch.bfloat16 for _, on, dtype in model.calls)
+    assert all(p.dtype == torch.float32 and torch.isfinite(p).all() for p in model.parameters())
+
+
 class SpyScaler(torch.amp.GradScaler):
     """A real GradScaler that records the phase of each step it takes part in."""
 
@@ -233,30 +247,9 @@ def test_grad_scaler_is_stepped_on_ordinary_steps_only_and_is_not_touched_by_pre
 # ---------------------------------------------------------------------------------------------- long runs
 
 
-class MemoryProbe(L.Callback):
-    """About every 250 steps, at the end of a Full step (so the same buffers are alive each time: Predict frees
-    gradients, optimizer state and, with ``aggressive``, the update buffer): RSS, live tensors (counted with
-    ``gc``) and the parameters' storage addresses."""
-
-    def __init__(self) -> None:
-        self.samples: dict[int, tuple[int, int, list[int]]] = {}
-        self._next = 250
-
-    def on_train_batch_end(self, trainer, pl_module, *args) -> None:
-        step = trainer.global_step
-        if step < self._next or scheduler_of(trainer).phase is not Phase.FULL:
-            return
-        self._next += 250
-        gc.collect()
-        with warnings.catch_warnings():  # gc also holds deprecated torch proxies, which warn when inspected
-            warnings.simplefilter("ignore")
-            tensors = sum(1 for obj in gc.get_objects() if isinstance(obj, torch.Tensor))
-        self.samples[step] = (_proc_status("VmRSS"), tensors, [p.data_ptr() for p in pl_module.parameters()])
-
-
 @pytest.mark.skipif(_proc_status("VmRSS") is None, reason="reads RSS from /proc (Linux)")
 def test_three_thousand_hybrid_steps_do_not_grow_memory():
-    probe = MemoryProbe()
+    probe = MemorySampler()
     # aggressive: the most allocation of all modes (the update buffer comes and goes); plans that blow up in
     # alternate blocks, so rollbacks happen all along the run
     scheduler = HybridScheduler(**FAST_PHASES, predict_memory="aggressive")
@@ -271,3 +264,10 @@ def test_three_thousand_hybrid_steps_do_not_grow_memory():
     assert max(rss) < 1.05 * rss[0], rss
     assert len(set(tensors)) == 1, tensors
     assert len({tuple(v[2]) for v in probe.samples.values()}) == 1  # parameters updated in place, never replaced
+
+
+def test_long_run_benchmark_records_flat_memory(tmp_path):
+    result = long_run(["--steps", "300", "--out", str(tmp_path), "data.batch_size=4"])
+    assert json.loads((tmp_path / "long_run_char_gpt.json").read_text()) == json.loads(json.dumps(result))
+    assert result["samples"] and result["parameter_addresses_constant"]
+    assert result["counters"]["steps_by_phase"]["predict"] > 0
