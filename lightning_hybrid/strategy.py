@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,17 @@ class HybridStrategyMixin:
                 "`callbacks=hybrid_callbacks()` (from lightning_hybrid) to the Trainer."
             )
         super().setup(trainer)
+
+    def load_checkpoint(self, checkpoint_path: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        try:
+            return super().load_checkpoint(checkpoint_path, *args, **kwargs)
+        except FileNotFoundError:
+            raise
+        except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as err:  # torch.load's, for damaged files
+            raise RuntimeError(
+                f"Cannot read the checkpoint {checkpoint_path}: it is truncated, damaged or not a checkpoint "
+                f"({type(err).__name__}: {str(err).splitlines()[0]})"
+            ) from err
 
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         if self._hybrid is not None and self._hybrid.predicting:

@@ -26,6 +26,7 @@ class RunCounters:
     segments_accepted: int = 0
     invalid_plans: int = 0
     nonfinite_steps_skipped: int = 0
+    outlier_steps_skipped: int = 0
 
     @property
     def steps_total(self) -> int:
@@ -60,7 +61,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         + ", ".join(f"{k} {v}" for k, v in steps.items())
         + f" | backward skipped {summary['backward_skipped_pct']:.1f}%",
         f"hybrid: {summary['rollbacks']} rollbacks of {summary['segments_started']} predict segments"
-        f" | {summary['nonfinite_steps_skipped']} non-finite steps skipped",
+        f" | {summary['nonfinite_steps_skipped']} non-finite and {summary['outlier_steps_skipped']} exploding-gradient"
+        " steps skipped",
         f"hybrid: wall {summary['wall_time_s']:.1f}s | " + ", ".join(f"{k} {v:.1f}s" for k, v in times.items()),
     ]
     return "\n".join(lines)

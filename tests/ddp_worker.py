@@ -1,4 +1,5 @@
-"""One rank of a 2-process CPU DDP run, launched by ``tests/test_ddp.py`` like torchrun would.
+"""One rank of a 2-process CPU DDP run, launched by ``tests/test_ddp.py`` like torchrun would: two ranks on one
+node, or (third argument ``2``) one rank on each of two simulated nodes.
 
 Writes the phase of every step, the first batch it saw and its final parameters to ``<out>/rank<R>.pt``.
 """
@@ -27,7 +28,7 @@ class Record(L.Callback):
         self.phases.append(int(scheduler.phase))
 
 
-def main(out_dir: str, kind: str) -> None:
+def main(out_dir: str, kind: str, nodes: int = 1) -> None:
     record = Record()
     if kind == "linear":
         callbacks = hybrid_callbacks(**FAST)
@@ -39,7 +40,8 @@ def main(out_dir: str, kind: str) -> None:
         60,
         hybrid=callbacks,
         extra_callbacks=[record],
-        devices=2,
+        devices=2 // nodes,
+        num_nodes=nodes,
         strategy=HybridDDPStrategy(process_group_backend="gloo"),
         logger=False,
         default_root_dir=out_dir,
@@ -61,4 +63,4 @@ def main(out_dir: str, kind: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 1)

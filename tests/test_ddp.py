@@ -20,7 +20,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(out_dir: Path, kind: str, world_size: int = 2) -> list[dict]:
+def run_ranks(out_dir: Path, kind: str, world_size: int = 2, nodes: int = 1) -> list[dict]:
+    """Launch the ranks as torchrun (one node) or a cluster launcher (one process per node) would."""
     port = _free_port()
     procs = []
     for rank in range(world_size):
@@ -29,13 +30,13 @@ def run_ranks(out_dir: Path, kind: str, world_size: int = 2) -> list[dict]:
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
             "WORLD_SIZE": str(world_size),
-            "NODE_RANK": "0",
-            "LOCAL_RANK": str(rank),
+            "NODE_RANK": str(rank // (world_size // nodes)),
+            "LOCAL_RANK": str(rank % (world_size // nodes)),
             "RANK": str(rank),
             "OMP_NUM_THREADS": "1",
             "PYTHONPATH": str(ROOT),
         }
-        cmd = [sys.executable, "-m", "tests.ddp_worker", str(out_dir), kind]
+        cmd = [sys.executable, "-m", "tests.ddp_worker", str(out_dir), kind, str(nodes)]
         procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     for proc in procs:
         out, _ = proc.communicate(timeout=300)
@@ -59,3 +60,13 @@ def test_ranks_stay_identical(tmp_path, kind):
         assert rank0["summary"]["rollbacks"] >= 1
     if kind == "rssm":
         assert rank0["summary"]["arm_counts"] == rank1["summary"]["arm_counts"]
+
+
+def test_two_simulated_nodes_with_one_process_each_stay_identical(tmp_path):
+    """``Trainer(num_nodes=2, devices=1, strategy="hybrid_ddp")``, rendezvous through environment variables on
+    loopback, as under SLURM or torchrun on two machines: the rank synchronisation is the same as on one node."""
+    rank0, rank1 = run_ranks(tmp_path, "linear", nodes=2)
+    assert not torch.equal(rank0["first_batch"], rank1["first_batch"])
+    assert rank0["phases"] == rank1["phases"] and Phase.PREDICT in rank0["phases"]
+    assert torch.equal(rank0["params"], rank1["params"])
+    assert rank0["monitor"] == rank1["monitor"]

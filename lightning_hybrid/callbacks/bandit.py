@@ -181,7 +181,7 @@ class HorizonBandit(HybridComponent):
             ep, self.episode = self.episode, None
             self.update(ep["arm"], ep["features"], self.rollback_penalty)
 
-    def state_dict(self) -> dict[str, Any]:
+    def _state(self) -> dict[str, Any]:
         return {
             "arms": list(self.arms),
             "counts": list(self.counts),
@@ -193,7 +193,7 @@ class HorizonBandit(HybridComponent):
             "episode": {**self.episode, "losses": list(self.episode["losses"])} if self.episode else None,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def _load(self, state: dict[str, Any]) -> None:
         self.arms, self.counts, self.rewards = list(state["arms"]), list(state["counts"]), list(state["rewards"])
         self._a, self._b = state["a"].clone(), state["b"].clone()
         self.unit_cost = float(state["unit_cost"])

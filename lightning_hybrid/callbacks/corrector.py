@@ -119,13 +119,13 @@ class ResidualCorrector(HybridComponent):
         upper = plan.loss_upper[: position + 1] + [plan.loss_upper[i] + min(shift, 0.0) for i in rest]
         return replace(plan, loss=loss, loss_upper=upper)
 
-    def state_dict(self) -> dict[str, Any]:
+    def _state(self) -> dict[str, Any]:
         residuals = [{k: v for k, v in r.items() if k != "slot"} for r in self.residuals]
         for saved, r in zip(residuals, self.residuals):
             saved["features"] = self._features[r["slot"]].clone()
         return {"residuals": residuals}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def _load(self, state: dict[str, Any]) -> None:
         self.residuals = deque(maxlen=self.max_residuals)
         self._features, self._next_slot = None, 0
         for saved in state["residuals"]:

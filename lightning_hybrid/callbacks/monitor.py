@@ -26,6 +26,9 @@ class DivergenceMonitor(HybridComponent):
         oscillation_window: number of alternating loss changes that count as oscillation; 0 disables the signal.
         oscillation_sigmas: size, in loss standard deviations, a change must have to count towards oscillation.
         stats_decay: memory of the moving loss and gradient-norm statistics, in ``[0, 1)``.
+        grad_outlier_factor: an ordinary step whose gradient norm exceeds this many times the running mean (once
+            10 steps are known) is skipped, so one exploding gradient cannot wreck the optimizer's moments;
+            0 disables the check.
     """
 
     def __init__(
@@ -34,12 +37,14 @@ class DivergenceMonitor(HybridComponent):
         oscillation_window: int = 4,
         oscillation_sigmas: float = 1.5,
         stats_decay: float = 0.98,
+        grad_outlier_factor: float = 100.0,
     ) -> None:
         owner = "DivergenceMonitor"
         self.z_threshold = check_float(owner, "z_threshold", z_threshold, 0.0, open_low=True)
         self.oscillation_window = check_int(owner, "oscillation_window", oscillation_window, 0)
         self.oscillation_sigmas = check_float(owner, "oscillation_sigmas", oscillation_sigmas, 0.0)
         self.stats_decay = check_float(owner, "stats_decay", stats_decay, 0.0, 1.0 - 1e-12)
+        self.grad_outlier_factor = check_float(owner, "grad_outlier_factor", grad_outlier_factor, 0.0)
         self.loss_stats = EmaStats(stats_decay)
         self.grad_norm_stats = EmaStats(stats_decay)
         self.events = {reason: 0 for reason in REASONS}
@@ -51,6 +56,12 @@ class DivergenceMonitor(HybridComponent):
             self.loss_stats.update(loss)
         if math.isfinite(grad_norm):
             self.grad_norm_stats.update(grad_norm)
+
+    def gradient_outlier(self, grad_norm: float) -> bool:
+        """Whether an ordinary step's gradient norm is an explosion, not training (see ``grad_outlier_factor``)."""
+        stats = self.grad_norm_stats
+        limit = self.grad_outlier_factor * stats.mean
+        return self.grad_outlier_factor > 0 and stats.count >= 10 and limit > 0 and grad_norm > limit
 
     def start_segment(self) -> None:
         self._segment.clear()
@@ -81,7 +92,7 @@ class DivergenceMonitor(HybridComponent):
         alternating = all(c1 * c2 < 0 for c1, c2 in pairwise(changes))
         return alternating and all(abs(c) > self.oscillation_sigmas * std for c in changes)
 
-    def state_dict(self) -> dict[str, Any]:
+    def _state(self) -> dict[str, Any]:
         return {
             "loss_stats": self.loss_stats.state_dict(),
             "grad_norm_stats": self.grad_norm_stats.state_dict(),
@@ -89,7 +100,7 @@ class DivergenceMonitor(HybridComponent):
             "segment": list(self._segment),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def _load(self, state: dict[str, Any]) -> None:
         self.loss_stats.load_state_dict(state["loss_stats"])
         self.grad_norm_stats.load_state_dict(state["grad_norm_stats"])
         self.events = {reason: int(state["events"].get(reason, 0)) for reason in REASONS}

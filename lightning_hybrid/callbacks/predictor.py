@@ -32,10 +32,10 @@ class DynamicsPredictor(HybridComponent):
             self.predictor = build_predictor(predictor, **(predictor_kwargs or {}))
         self.name = self.predictor.name
 
-    def state_dict(self) -> dict[str, Any]:
+    def _state(self) -> dict[str, Any]:
         return {"name": self.name, "predictor": self.predictor.state_dict(), "encoder": self.encoder.state_dict()}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def _load(self, state: dict[str, Any]) -> None:
         if state["name"] != self.name:
             raise ValueError(
                 f"DynamicsPredictor: the checkpoint holds a {state['name']!r} predictor but this run uses "

@@ -335,6 +335,9 @@ class HybridScheduler(HybridComponent):
         if bad_v > 0:
             self._skip_update(optimizer, grads)
             self.counters.nonfinite_steps_skipped += 1
+        elif self.monitor.gradient_outlier(grad_norm_v):
+            self._skip_update(optimizer, grads)
+            self.counters.outlier_steps_skipped += 1
 
     def _skip_update(self, optimizer: Optimizer, grads: list[Tensor]) -> None:
         """Make the coming ``optimizer.step`` a no-op."""
@@ -585,7 +588,7 @@ class HybridScheduler(HybridComponent):
         return out
 
     # ---------------------------------------------------------------------------------------------- state
-    def state_dict(self) -> dict[str, Any]:
+    def _state(self) -> dict[str, Any]:
         state = {
             "phase": int(self.phase),
             "phase_step": self._phase_step,
@@ -607,7 +610,7 @@ class HybridScheduler(HybridComponent):
             state["snapshot"] = [t.detach().to("cpu", copy=True) for t in snapshot]
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def _load(self, state: dict[str, Any]) -> None:
         self.phase = Phase(state["phase"])
         self._phase_step = int(state["phase_step"])
         self._plan = Plan.from_dict(state["plan"]) if state["plan"] is not None else None

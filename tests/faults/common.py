@@ -1,0 +1,65 @@
+"""The fault suite's harness: a model that injects faults in chosen phases, and the checks every case shares."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import lightning as L
+import torch
+
+from lightning_hybrid import Phase
+from tests.helpers import RegressionModel, flat_params, hybrid_trainer, loader, scheduler_of
+
+STEPS = 500
+
+
+class FaultyModel(RegressionModel):
+    """Injects ``faults[(phase, n)]`` into the ``n``-th ``training_step`` (1-based) that runs in ``phase``:
+    ``nan``/``inf`` losses, a ``spike`` (loss x10), an ``explosion`` (loss, hence gradients, x1e6) or a
+    ``corrupt`` batch (the inputs cast to the wrong dtype, so the model's own layer raises)."""
+
+    def __init__(self, faults: dict[tuple[Phase, int], str] | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.faults = dict(faults or {})
+        self.calls: dict[Phase, int] = {}
+        self.injected: list[tuple[int, Phase, str]] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        phase = scheduler_of(self.trainer).phase
+        self.calls[phase] = self.calls.get(phase, 0) + 1
+        kind = self.faults.get((phase, self.calls[phase]))
+        if kind is not None:
+            self.injected.append((self.trainer.global_step, phase, kind))
+        if kind == "corrupt":
+            x, y = batch
+            batch = (x.long(), y)
+        loss = super().training_step(batch, batch_idx)
+        factor = {"nan": math.nan, "inf": math.inf, "spike": 10.0, "explosion": 1e6}.get(kind, 1.0)
+        return loss * factor
+
+
+class FiniteWatch(L.Callback):
+    """Checks after every step that no NaN/Inf reached the parameters; keeps the last finished step's weights."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.all_finite = True
+        self.last = None
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        self.steps += 1
+        self.last = flat_params(pl_module)
+        self.all_finite &= bool(torch.isfinite(self.last).all())
+
+
+def train(
+    faults: dict | None = None, settings: dict | None = None, hybrid: list | None = None, steps: int = STEPS
+) -> tuple[FaultyModel, L.Trainer, FiniteWatch, float]:
+    """One run; returns the model, trainer, watch and final validation loss."""
+    watch = FiniteWatch()
+    trainer, _ = hybrid_trainer(steps, settings=settings, hybrid=hybrid, extra_callbacks=[watch], logger=False)
+    model = FaultyModel(faults, scheduler=True)  # a decaying LR: runs converge, so a transient fault can heal
+    trainer.fit(model, loader())
+    val = trainer.validate(model, loader(128, seed=2), verbose=False)[0]["val_loss"]
+    return model, trainer, watch, float(val)

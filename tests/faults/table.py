@@ -1,0 +1,25 @@
+"""The README's reliability table, from the JUnit XML of a run of the fault suite:
+
+pytest tests/faults --junitxml=faults.xml && python -m tests.faults.table faults.xml
+"""
+
+from __future__ import annotations
+
+import sys
+import xml.etree.ElementTree as ET
+
+
+def table(junit_xml: str) -> str:
+    rows = ["| fault | where | result | outcome |", "|---|---|---|---|"]
+    for case in ET.parse(junit_xml).getroot().iter("testcase"):
+        props = {p.get("name"): p.get("value") for p in case.iter("property")}
+        if "fault" not in props:
+            continue
+        failed = case.find("failure") is not None or case.find("error") is not None
+        result = "FAILED" if failed else "skipped" if case.find("skipped") is not None else "passed"
+        rows.append(f"| {props['fault']} | {props['where']} | {result} | {props['outcome']} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(table(sys.argv[1]))
