@@ -7,9 +7,11 @@ Writes the phase of every step, the first batch it saw and its final parameters 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_hybrid import HybridDDPStrategy, HybridScheduler, hybrid_callbacks
 from tests.helpers import FAST, FAST_PHASES, RegressionModel, flat_params, hybrid_trainer, loader
@@ -28,7 +30,8 @@ class Record(L.Callback):
         self.phases.append(int(scheduler.phase))
 
 
-def main(out_dir: str, kind: str, nodes: int = 1) -> None:
+def main(out_dir: str, kind: str, nodes: int = 1, resume: str | None = None) -> None:
+    """``resume``: ``"save"`` checkpoints at every epoch end (16 steps), a path resumes from that checkpoint."""
     record = Record()
     if kind == "linear":
         callbacks = hybrid_callbacks(**FAST)
@@ -36,10 +39,14 @@ def main(out_dir: str, kind: str, nodes: int = 1) -> None:
         callbacks = _callbacks("exploding")
     else:  # a learned predictor with the bandit timing steps in wall-clock seconds, which differ per rank
         callbacks = hybrid_callbacks(predictor=kind, **FAST_PHASES, **LEARNED[kind])
+    extra: list[L.Callback] = [record]
+    if resume == "save":
+        extra.append(ModelCheckpoint(f"{out_dir}/ckpt", every_n_train_steps=16, save_top_k=-1, filename="{step}"))
     trainer, _ = hybrid_trainer(
         60,
         hybrid=callbacks,
-        extra_callbacks=[record],
+        extra_callbacks=extra,
+        enable_checkpointing=resume == "save",
         devices=2 // nodes,
         num_nodes=nodes,
         strategy=HybridDDPStrategy(process_group_backend="gloo"),
@@ -47,8 +54,10 @@ def main(out_dir: str, kind: str, nodes: int = 1) -> None:
         default_root_dir=out_dir,
     )
     model = RegressionModel(scheduler=True)
-    trainer.fit(model, loader(512, batch_size=16))
+    ckpt_path = resume if resume not in (None, "save") else None
+    trainer.fit(model, loader(512, batch_size=16), ckpt_path=ckpt_path)  # 16 steps per epoch and rank
     scheduler = next(cb for cb in trainer.callbacks if isinstance(cb, HybridScheduler))
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
     torch.save(
         {
             "phases": record.phases,
@@ -63,4 +72,5 @@ def main(out_dir: str, kind: str, nodes: int = 1) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 1)
+    args = sys.argv[1:]
+    main(args[0], args[1], int(args[2]) if len(args) > 2 else 1, args[3] if len(args) > 3 else None)

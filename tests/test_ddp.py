@@ -20,7 +20,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(out_dir: Path, kind: str, world_size: int = 2, nodes: int = 1) -> list[dict]:
+def run_ranks(out_dir: Path, kind: str, world_size: int = 2, nodes: int = 1, resume: str = "") -> list[dict]:
     """Launch the ranks as torchrun (one node) or a cluster launcher (one process per node) would."""
     port = _free_port()
     procs = []
@@ -36,7 +36,7 @@ def run_ranks(out_dir: Path, kind: str, world_size: int = 2, nodes: int = 1) -> 
             "OMP_NUM_THREADS": "1",
             "PYTHONPATH": str(ROOT),
         }
-        cmd = [sys.executable, "-m", "tests.ddp_worker", str(out_dir), kind, str(nodes)]
+        cmd = [sys.executable, "-m", "tests.ddp_worker", str(out_dir), kind, str(nodes), *([resume] if resume else [])]
         procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     for proc in procs:
         out, _ = proc.communicate(timeout=300)
@@ -70,3 +70,17 @@ def test_two_simulated_nodes_with_one_process_each_stay_identical(tmp_path):
     assert rank0["phases"] == rank1["phases"] and Phase.PREDICT in rank0["phases"]
     assert torch.equal(rank0["params"], rank1["params"])
     assert rank0["monitor"] == rank1["monitor"]
+
+
+@pytest.mark.parametrize("kind", ["linear", "exploding"], ids=["accepting", "rolling-back"])
+def test_resumed_ddp_run_matches_the_uninterrupted_one_on_every_rank(tmp_path, kind):
+    full = run_ranks(tmp_path / "full", kind, resume="save")
+    checkpoints = sorted((tmp_path / "full" / "ckpt").glob("*.ckpt"), key=lambda p: int(p.stem.split("=")[1]))
+    assert [p.stem for p in checkpoints] == ["step=16", "step=32", "step=48"]
+    resumed = run_ranks(tmp_path / "resumed", kind, resume=str(checkpoints[1]))
+    for before, after in zip(full, resumed):
+        assert torch.equal(after["params"], before["params"])
+        assert after["monitor"] == before["monitor"] and after["loss_trend"] == before["loss_trend"]
+        for key in ("steps_by_phase", "rollbacks", "segments_started", "backward_passes"):
+            assert after["summary"][key] == before["summary"][key], key
+    assert full[0]["summary"]["steps_by_phase"]["predict"] > 0
