@@ -25,12 +25,11 @@ from lightning.pytorch.callbacks import Callback
 from omegaconf import open_dict
 
 from benchmarks.overheads import PREDICTING, SIZES
-from benchmarks.run import RESULTS, machine
+from benchmarks.run import RESULTS, fit_measured, machine
 from benchmarks.tasks import compose_run
 from lightning_hybrid.callbacks import find_scheduler
-from lightning_hybrid.callbacks.memory import _proc_status
+from lightning_hybrid.callbacks.memory import proc_status
 from lightning_hybrid.phase import Phase
-from lightning_hybrid.runner import build_run
 
 
 def live_tensors() -> int:
@@ -48,24 +47,19 @@ class MemorySampler(Callback):
         self.every = every
         self.samples: dict[int, tuple[int, int, list[int]]] = {}
         self._next = every
+        self._scheduler: Any = None
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._scheduler = find_scheduler(trainer)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
         step = trainer.global_step
-        if step < self._next or find_scheduler(trainer).phase is not Phase.FULL:
+        if step < self._next or self._scheduler.phase is not Phase.FULL:
             return
         self._next += self.every
         device = pl_module.device
-        in_use = torch.cuda.memory_allocated(device) if device.type == "cuda" else _proc_status("VmRSS")
+        in_use = torch.cuda.memory_allocated(device) if device.type == "cuda" else proc_status("VmRSS")
         self.samples[step] = (in_use, live_tensors(), [p.data_ptr() for p in pl_module.parameters()])
-
-
-def _fit(cfg: Any, hybrid: bool, sampler: MemorySampler | None = None) -> tuple[Any, int | None]:
-    trainer, model, data, _ = build_run(cfg, hybrid, extra_callbacks=[sampler] if sampler else [])
-    cuda = torch.cuda.is_available() and cfg.trainer.accelerator != "cpu"
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-    trainer.fit(model, data)
-    return trainer, torch.cuda.max_memory_allocated() if cuda else None
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -82,8 +76,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         with open_dict(cfg):
             cfg.trainer.max_steps = cfg.model.max_steps = args.steps
         sampler = MemorySampler()
-        trainer, hybrid_peak = _fit(cfg, hybrid=True, sampler=sampler)
-        plain_peak = _fit(cfg, hybrid=False)[1] if hybrid_peak is not None else None
+        trainer, hybrid_peak = fit_measured(cfg, hybrid=True, callbacks=[sampler])
+        plain_peak = fit_measured(cfg, hybrid=False)[1] if hybrid_peak is not None else None
     counters = find_scheduler(trainer).counters
     after = {s: v for s, v in sampler.samples.items() if s >= 500} or sampler.samples
     in_use, tensors = [v[0] for v in after.values()], [v[1] for v in after.values()]

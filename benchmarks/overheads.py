@@ -36,6 +36,7 @@ from omegaconf import open_dict
 from benchmarks.run import RESULTS, machine
 from benchmarks.tasks import compose_run
 from lightning_hybrid.callbacks import find_scheduler
+from lightning_hybrid.callbacks.memory import proc_status
 from lightning_hybrid.runner import build_run
 
 SIZES = {  # overrides of the character GPT; parameters: 1.07M and 25.5M
@@ -156,15 +157,6 @@ def ordinary_overhead(size: str, steps: int, rounds: int, workdir: str) -> dict[
     }
 
 
-def _rss(field: str) -> int | None:
-    """``VmRSS`` (now) or ``VmHWM`` (peak) of this process in bytes, where ``/proc`` has them (Linux)."""
-    try:
-        lines = Path("/proc/self/status").read_text().splitlines()
-    except OSError:
-        return None
-    return next((int(line.split()[1]) * 1024 for line in lines if line.startswith(field + ":")), None)
-
-
 def peak_memory(size: str, steps: int, label: str, workdir: str) -> dict[str, Any]:
     """Run one fit and return its peak memory; called in a fresh process (see ``--memory-child``). On Linux the
     peak RSS is reset just before ``fit`` so the figure is the fit's own growth over the memory before it."""
@@ -176,11 +168,11 @@ def peak_memory(size: str, steps: int, label: str, workdir: str) -> dict[str, An
         torch.cuda.reset_peak_memory_stats()
     try:
         Path("/proc/self/clear_refs").write_text("5")  # resets the peak RSS to the current RSS
-        before = _rss("VmRSS")
+        before = proc_status("VmRSS")
     except OSError:
         before = 0
     trainer.fit(model, data)
-    peak = _rss("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = proc_status("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     out = {
         "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
         "rss_before_fit_bytes": before,

@@ -54,16 +54,22 @@ class Record:
         return {k: getattr(self, k) for k in keys} | self.curve.to_dict()
 
 
-def fit(cfg: Any, hybrid: bool, stop: Any = None) -> Record:
-    recorder = CurveRecorder(cfg.monitor, stop)
-    trainer, model, data, _ = build_run(cfg, hybrid, extra_callbacks=[recorder])
+def fit_measured(cfg: Any, hybrid: bool, callbacks: list[Any] | None = None) -> tuple[Any, int | None]:
+    """Build and fit one run; return its Trainer and, on a GPU, the fit's peak CUDA allocated bytes."""
+    trainer, model, data, _ = build_run(cfg, hybrid, extra_callbacks=callbacks or [])
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     trainer.fit(model, data)
+    cuda = trainer.strategy.root_device.type == "cuda"
+    return trainer, torch.cuda.max_memory_allocated() if cuda else None
+
+
+def fit(cfg: Any, hybrid: bool, stop: Any = None) -> Record:
+    recorder = CurveRecorder(cfg.monitor, stop)
+    trainer, peak = fit_measured(cfg, hybrid, [recorder])
     scheduler = find_scheduler(trainer)
     record = Record(recorder.curve, trainer.strategy.root_device.type, trainer.global_step)
-    if record.device == "cuda":
-        record.peak_cuda_allocated_bytes = torch.cuda.max_memory_allocated()
+    record.peak_cuda_allocated_bytes = peak
     if scheduler is not None:
         counters = scheduler.counters
         record.backward_skipped_pct = round(counters.backward_skipped_pct, 3)

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from lightning_hybrid.demos.char_gpt import ByteWindows, stdlib_corpus
+from lightning_hybrid.demos.char_gpt import byte_ids, stdlib_corpus
 from lightning_hybrid.demos.digits_cnn import DigitsData
+from lightning_hybrid.demos.splits import TokenWindows
 from lightning_hybrid.demos.word_lstm import PydocWords, pydoc_words
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -17,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_corpus_is_deterministic_and_local():
     a, b = stdlib_corpus(50_000), stdlib_corpus(50_000)
     assert a == b and len(a) == 50_000
-    x, y = ByteWindows(a, 16)[3]
+    x, y = TokenWindows(byte_ids(a), 16)[3]
     assert x.shape == y.shape == (16,) and torch_equal_shifted(a, x, y)
 
 

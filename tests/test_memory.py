@@ -19,7 +19,7 @@ from lightning_hybrid import (
     ResidualCorrector,
     VRAMLogger,
 )
-from lightning_hybrid.callbacks.memory import _proc_status
+from lightning_hybrid.callbacks.memory import proc_status
 from lightning_hybrid.offload import OptimizerStateOffload
 from tests.helpers import (
     FAST_PHASES,
@@ -247,7 +247,7 @@ def test_grad_scaler_is_stepped_on_ordinary_steps_only_and_is_not_touched_by_pre
 # ---------------------------------------------------------------------------------------------- long runs
 
 
-@pytest.mark.skipif(_proc_status("VmRSS") is None, reason="reads RSS from /proc (Linux)")
+@pytest.mark.skipif(proc_status("VmRSS") is None, reason="reads RSS from /proc (Linux)")
 def test_three_thousand_hybrid_steps_do_not_grow_memory():
     probe = MemorySampler()
     # aggressive: the most allocation of all modes (the update buffer comes and goes); plans that blow up in

@@ -17,7 +17,7 @@ from lightning_hybrid.validation import check_int
 MIB = 2**20
 
 
-def _proc_status(field: str) -> int | None:
+def proc_status(field: str) -> int | None:
     """A ``/proc/self/status`` memory field (``VmRSS``, ``VmHWM``) in bytes; ``None`` where there is no ``/proc``."""
     try:
         with open("/proc/self/status") as f:
@@ -103,16 +103,16 @@ class VRAMLogger(Callback):
     def read(self, device: torch.device) -> dict[str, int]:
         """The memory figures of this moment, in bytes; ``in_use`` is the one peaks and the threshold watch."""
         if device.type == "cuda":
-            allocated = torch.cuda.memory_allocated(device)
+            allocated, peak = torch.cuda.memory_allocated(device), torch.cuda.max_memory_allocated(device)
             return {
                 "allocated": allocated,
-                "max_allocated": torch.cuda.max_memory_allocated(device),
+                "max_allocated": peak,
                 "reserved": torch.cuda.memory_reserved(device),
                 "in_use": allocated,
-                "peak": torch.cuda.max_memory_allocated(device),
+                "peak": peak,
             }
-        rss = _proc_status("VmRSS") or 0
-        return {"rss": rss, "peak_rss": _proc_status("VmHWM") or rss, "in_use": rss, "peak": rss}
+        rss = proc_status("VmRSS") or 0
+        return {"rss": rss, "peak_rss": proc_status("VmHWM") or rss, "in_use": rss, "peak": rss}
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int

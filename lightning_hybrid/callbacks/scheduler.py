@@ -465,8 +465,7 @@ class HybridScheduler(HybridComponent):
                     torch._foreach_add_(params, list(directions), alpha=alpha)
 
     def _rollback(self, reason: str) -> None:
-        if self.phase is Phase.PREDICT:
-            self._end_segment_memory()
+        self._end_segment_memory()  # a no-op unless a segment's optimizer state is still offloaded
         self._copy(self._params, self._host_snapshot if self._snapshot_on_host else self._buffer)
         self._release_snapshot()
         self.counters.rollbacks += 1

@@ -14,9 +14,8 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import Dataset
 
-from lightning_hybrid.demos.splits import SplitData
+from lightning_hybrid.demos.splits import SplitData, TokenWindows
 
 # ----------------------------------------------------------------------------------------------------- data
 
@@ -36,19 +35,9 @@ def stdlib_corpus(max_bytes: int) -> bytes:
     return b"".join(chunks)[:max_bytes]
 
 
-class ByteWindows(Dataset):
-    """Next-byte prediction windows over a byte string (vocabulary: the 256 byte values)."""
-
-    def __init__(self, data: bytes, block_size: int) -> None:
-        self.data = torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
-        self.block_size = block_size
-
-    def __len__(self) -> int:
-        return (len(self.data) - 1) // self.block_size
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        chunk = self.data[i * self.block_size : (i + 1) * self.block_size + 1]
-        return chunk[:-1], chunk[1:]
+def byte_ids(data: bytes) -> torch.Tensor:
+    """The bytes as token ids (the vocabulary is the 256 byte values)."""
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
 
 
 class StdlibText(SplitData):
@@ -79,8 +68,8 @@ class StdlibText(SplitData):
         hp = self.hparams
         corpus = stdlib_corpus(hp.max_bytes)
         split = int(len(corpus) * (1 - hp.val_fraction))
-        self.train_set = ByteWindows(corpus[:split], hp.block_size)
-        self.val_set = ByteWindows(corpus[split:], hp.block_size)
+        self.train_set = TokenWindows(byte_ids(corpus[:split]), hp.block_size)
+        self.val_set = TokenWindows(byte_ids(corpus[split:]), hp.block_size)
 
 
 # ---------------------------------------------------------------------------------------------------- model

@@ -1,4 +1,5 @@
-"""SplitData: what the demo DataModules share, a checked train/validation split served by seeded loaders."""
+"""What the demo DataModules share: ``SplitData``, a checked train/validation split served by seeded loaders, and
+``TokenWindows``, next-token windows over a sequence of ids."""
 
 from __future__ import annotations
 
@@ -27,3 +28,17 @@ class SplitData(L.LightningDataModule):
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_set, self.hparams.batch_size, num_workers=self.hparams.num_workers)
+
+
+class TokenWindows(Dataset):
+    """Next-token windows over a token-id tensor (bytes, words, ...)."""
+
+    def __init__(self, ids: torch.Tensor, seq_len: int) -> None:
+        self.ids, self.seq_len = ids, seq_len
+
+    def __len__(self) -> int:
+        return (len(self.ids) - 1) // self.seq_len
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        chunk = self.ids[i * self.seq_len : (i + 1) * self.seq_len + 1]
+        return chunk[:-1], chunk[1:]

@@ -14,9 +14,8 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.demos.lstm import SimpleLSTM
-from torch.utils.data import Dataset
 
-from lightning_hybrid.demos.splits import SplitData
+from lightning_hybrid.demos.splits import SplitData, TokenWindows
 
 UNKNOWN = "<unk>"
 
@@ -27,20 +26,6 @@ def pydoc_words() -> list[str]:
 
     text = "\n".join(topics[name] for name in sorted(topics))
     return re.findall(r"[a-z0-9_]+|[^\sa-z0-9_]", text.lower())
-
-
-class TokenWindows(Dataset):
-    """Next-token windows over a token-id tensor."""
-
-    def __init__(self, ids: torch.Tensor, seq_len: int) -> None:
-        self.ids, self.seq_len = ids, seq_len
-
-    def __len__(self) -> int:
-        return (len(self.ids) - 1) // self.seq_len
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        chunk = self.ids[i * self.seq_len : (i + 1) * self.seq_len + 1]
-        return chunk[:-1], chunk[1:]
 
 
 class PydocWords(SplitData):
