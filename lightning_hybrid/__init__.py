@@ -11,6 +11,7 @@ from lightning_hybrid.callbacks import (
     hybrid_callbacks,
 )
 from lightning_hybrid.config import HybridConfig
+from lightning_hybrid.fsdp import HybridFSDPStrategy
 from lightning_hybrid.meter import RunMeter
 from lightning_hybrid.phase import Phase
 from lightning_hybrid.strategy import HybridDDPStrategy, HybridPredictStrategy, register_strategies
@@ -25,6 +26,7 @@ __all__ = [
     "HorizonBandit",
     "HybridConfig",
     "HybridDDPStrategy",
+    "HybridFSDPStrategy",
     "HybridPredictStrategy",
     "HybridProgressBar",
     "HybridScheduler",

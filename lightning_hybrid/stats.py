@@ -1,10 +1,19 @@
-"""Small scalar statistics kept as Python floats, so they checkpoint exactly and cost no device syncs."""
+"""Small scalar statistics kept as Python floats, so they checkpoint exactly and cost no device syncs; and the
+one fused reduction over parameter-shaped tensors they are fed from."""
 
 from __future__ import annotations
 
 import math
 from collections import deque
 from typing import Any
+
+import torch
+from torch import Tensor
+
+
+def sq_norm(tensors: list[Tensor]) -> Tensor:
+    """Sum of squares over a tensor list, as one fused reduction (a 0-d float tensor on their device)."""
+    return torch.stack(torch._foreach_norm(tensors)).float().square().sum()
 
 
 class EmaStats:

@@ -29,16 +29,31 @@ class HybridStrategyMixin:
     """
 
     _hybrid: HybridScheduler | None = None
+    sharded = False  # whether each rank holds only shards of the parameters (FSDP)
 
     def attach_scheduler(self, scheduler: HybridScheduler | None) -> None:
         self._hybrid = scheduler
 
-    def setup(self, trainer: pl.Trainer) -> None:
+    def local_tensor(self, tensor: Tensor) -> Tensor:
+        """The part of a parameter (or gradient) this rank holds and updates."""
+        return tensor
+
+    def sum_across_ranks(self, tensor: Tensor) -> Tensor:
+        """Sum a statistic of local tensors over the ranks; replicated parameters need no reduction."""
+        return tensor
+
+    def parameters_changed(self) -> None:
+        """Called after the scheduler changed parameters in place outside an optimizer step."""
+
+    def _require_scheduler(self, trainer: pl.Trainer) -> None:
         if trainer.state.fn == TrainerFn.FITTING and self._hybrid is None:
             raise MisconfigurationException(
                 f"{type(self).__name__} needs the hybrid callbacks: pass "
                 "`callbacks=hybrid_callbacks()` (from lightning_hybrid) to the Trainer."
             )
+
+    def setup(self, trainer: pl.Trainer) -> None:
+        self._require_scheduler(trainer)
         super().setup(trainer)
 
     def load_checkpoint(self, checkpoint_path: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -116,10 +131,13 @@ class HybridDDPStrategy(HybridStrategyMixin, DDPStrategy):
 
 
 def register_strategies() -> None:
-    """Make ``strategy="hybrid"`` and ``strategy="hybrid_ddp"`` available to ``Trainer``."""
+    """Make ``strategy="hybrid"``, ``"hybrid_ddp"`` and ``"hybrid_fsdp"`` available to ``Trainer``."""
+    from lightning_hybrid.fsdp import HybridFSDPStrategy
+
     for cls, description in (
         (HybridPredictStrategy, "Hybrid predictive training on a single device"),
         (HybridDDPStrategy, "Hybrid predictive training with DDP"),
+        (HybridFSDPStrategy, "Hybrid predictive training with FSDP2"),
     ):
         if cls.strategy_name not in StrategyRegistry:
             StrategyRegistry.register(cls.strategy_name, cls, description=description)

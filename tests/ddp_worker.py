@@ -1,21 +1,32 @@
-"""One rank of a 2-process CPU DDP run, launched by ``tests/test_ddp.py`` like torchrun would: two ranks on one
-node, or (third argument ``2``) one rank on each of two simulated nodes.
+"""One rank of a 2-process CPU run under ``hybrid_ddp`` (or, with ``HYBRID_TEST_STRATEGY=fsdp``, ``hybrid_fsdp``),
+launched by ``tests/test_ddp.py`` like torchrun would: two ranks on one node, or (third argument ``2``) one rank on
+each of two simulated nodes.
 
-Writes the phase of every step, the first batch it saw and its final parameters to ``<out>/rank<R>.pt``.
+Writes the phase of every step, the first batch it saw and its final parameters (gathered in full under FSDP) to
+``<out>/rank<R>.pt``.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+from functools import partial
 from pathlib import Path
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from torch.distributed.tensor import DTensor
 
-from lightning_hybrid import HybridDDPStrategy, HybridScheduler, hybrid_callbacks
-from tests.helpers import FAST, FAST_PHASES, RegressionModel, flat_params, hybrid_trainer, loader
+from lightning_hybrid import HybridDDPStrategy, HybridFSDPStrategy, HybridScheduler, hybrid_callbacks
+from tests.helpers import FAST, FAST_PHASES, RegressionModel, hybrid_trainer, loader
 from tests.test_resume import LEARNED, _callbacks
+
+STRATEGIES = {
+    "ddp": HybridDDPStrategy,
+    "fsdp": HybridFSDPStrategy,
+    "fsdp-per-layer": partial(HybridFSDPStrategy, auto_wrap_policy={torch.nn.Linear}),
+}
 
 
 class Record(L.Callback):
@@ -30,11 +41,20 @@ class Record(L.Callback):
         self.phases.append(int(scheduler.phase))
 
 
+def full_params(model: torch.nn.Module) -> torch.Tensor:
+    """All parameters, flattened; shards are gathered (a collective: every rank calls it)."""
+    full = [p.full_tensor() if isinstance(p, DTensor) else p for p in model.parameters()]
+    return torch.cat([p.detach().flatten().clone() for p in full])
+
+
 def main(out_dir: str, kind: str, nodes: int = 1, resume: str | None = None) -> None:
     """``resume``: ``"save"`` checkpoints at every epoch end (16 steps), a path resumes from that checkpoint."""
     record = Record()
+    kind, _, optimizer = kind.partition("-")  # e.g. "linear-sgd": the linear predictor, the model trained with SGD
     if kind == "linear":
         callbacks = hybrid_callbacks(**FAST)
+    elif kind == "off":
+        callbacks = hybrid_callbacks(**FAST, enable_prediction=False)
     elif kind == "exploding":
         callbacks = _callbacks("exploding")
     else:  # a learned predictor with the bandit timing steps in wall-clock seconds, which differ per rank
@@ -49,11 +69,11 @@ def main(out_dir: str, kind: str, nodes: int = 1, resume: str | None = None) -> 
         enable_checkpointing=resume == "save",
         devices=2 // nodes,
         num_nodes=nodes,
-        strategy=HybridDDPStrategy(process_group_backend="gloo"),
+        strategy=STRATEGIES[os.environ.get("HYBRID_TEST_STRATEGY", "ddp")](process_group_backend="gloo"),
         logger=False,
         default_root_dir=out_dir,
     )
-    model = RegressionModel(scheduler=True)
+    model = RegressionModel(scheduler=True, optimizer=optimizer or "adam")
     ckpt_path = resume if resume not in (None, "save") else None
     trainer.fit(model, loader(512, batch_size=16), ckpt_path=ckpt_path)  # 16 steps per epoch and rank
     scheduler = next(cb for cb in trainer.callbacks if isinstance(cb, HybridScheduler))
@@ -62,13 +82,16 @@ def main(out_dir: str, kind: str, nodes: int = 1, resume: str | None = None) -> 
         {
             "phases": record.phases,
             "first_batch": record.first_batch,
-            "params": flat_params(model),
+            "params": full_params(model),
+            "local_numel": sum(t.numel() for g in scheduler.predictor.predictor.directions() for t in g),
             "summary": scheduler.summary(),
             "monitor": scheduler.monitor.state_dict(),
             "loss_trend": scheduler.predictor.predictor.state_dict()["trend"],
         },
         f"{out_dir}/rank{trainer.global_rank}.pt",
     )
+    if torch.distributed.is_initialized():  # an orderly exit: gloo's threads otherwise abort the process at times
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -20,7 +20,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(out_dir: Path, kind: str, world_size: int = 2, nodes: int = 1, resume: str = "") -> list[dict]:
+def run_ranks(
+    out_dir: Path, kind: str, world_size: int = 2, nodes: int = 1, resume: str = "", strategy: str = "ddp"
+) -> list[dict]:
     """Launch the ranks as torchrun (one node) or a cluster launcher (one process per node) would."""
     port = _free_port()
     procs = []
@@ -35,6 +37,7 @@ def run_ranks(out_dir: Path, kind: str, world_size: int = 2, nodes: int = 1, res
             "RANK": str(rank),
             "OMP_NUM_THREADS": "1",
             "PYTHONPATH": str(ROOT),
+            "HYBRID_TEST_STRATEGY": strategy,
         }
         cmd = [sys.executable, "-m", "tests.ddp_worker", str(out_dir), kind, str(nodes), *([resume] if resume else [])]
         procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
@@ -72,12 +75,45 @@ def test_two_simulated_nodes_with_one_process_each_stay_identical(tmp_path):
     assert rank0["monitor"] == rank1["monitor"]
 
 
-@pytest.mark.parametrize("kind", ["linear", "exploding"], ids=["accepting", "rolling-back"])
-def test_resumed_ddp_run_matches_the_uninterrupted_one_on_every_rank(tmp_path, kind):
-    full = run_ranks(tmp_path / "full", kind, resume="save")
+@pytest.mark.parametrize(
+    ("kind", "strategy"),
+    [("linear", "fsdp"), ("exploding", "fsdp-per-layer")],
+    ids=["accepting-one-unit", "rolling-back-per-layer"],
+)
+def test_fsdp_ranks_predict_their_own_shards_and_match_ddp(tmp_path, kind, strategy):
+    """Under ``hybrid_fsdp`` each rank predicts, checks and rolls back only its shards, from statistics summed
+    over the ranks: the decisions are those of the same run under ``hybrid_ddp``, and so are the weights up to
+    float rounding (the shards' norms are summed in another order)."""
+    fsdp = run_ranks(tmp_path / "fsdp", kind, strategy=strategy)
+    ddp = run_ranks(tmp_path / "ddp", kind)
+    assert fsdp[0]["phases"] == fsdp[1]["phases"] == ddp[0]["phases"]
+    assert Phase.PREDICT in fsdp[0]["phases"] and Phase.CORRECT in fsdp[0]["phases"]
+    for key in ("steps_by_phase", "rollbacks", "segments_started"):
+        assert fsdp[0]["summary"][key] == fsdp[1]["summary"][key] == ddp[0]["summary"][key], key
+    if kind == "exploding":
+        assert fsdp[0]["summary"]["rollbacks"] >= 1
+    assert torch.equal(fsdp[0]["params"], fsdp[1]["params"])  # gathered from the shards
+    torch.testing.assert_close(fsdp[0]["params"], ddp[0]["params"], rtol=1e-5, atol=1e-5)
+    numel = ddp[0]["params"].numel()
+    assert ddp[0]["local_numel"] == numel  # the predictor's state: a full copy under DDP ...
+    assert fsdp[0]["local_numel"] < numel and fsdp[0]["local_numel"] + fsdp[1]["local_numel"] == numel  # shards
+
+
+@pytest.mark.parametrize(
+    ("kind", "strategy"),
+    [("linear", "ddp"), ("exploding", "ddp"), ("linear", "fsdp")],
+    ids=["ddp-accepting", "ddp-rolling-back", "fsdp-accepting"],
+)
+def test_resumed_distributed_run_matches_the_uninterrupted_one_on_every_rank(tmp_path, kind, strategy):
+    full = run_ranks(tmp_path / "full", kind, resume="save", strategy=strategy)
     checkpoints = sorted((tmp_path / "full" / "ckpt").glob("*.ckpt"), key=lambda p: int(p.stem.split("=")[1]))
     assert [p.stem for p in checkpoints] == ["step=16", "step=32", "step=48"]
-    resumed = run_ranks(tmp_path / "resumed", kind, resume=str(checkpoints[1]))
+    if strategy == "fsdp":  # a sharded checkpoint: a folder, with each rank's hybrid state beside its shards
+        assert sorted(p.name for p in checkpoints[1].glob("hybrid_callbacks_rank*.pt")) == [
+            "hybrid_callbacks_rank0.pt",
+            "hybrid_callbacks_rank1.pt",
+        ]
+    resumed = run_ranks(tmp_path / "resumed", kind, resume=str(checkpoints[1]), strategy=strategy)
     for before, after in zip(full, resumed):
         assert torch.equal(after["params"], before["params"])
         assert after["monitor"] == before["monitor"] and after["loss_trend"] == before["loss_trend"]

@@ -69,5 +69,6 @@ class HybridComponent(Callback):
             raise MisconfigurationException(
                 f"{type(self).__name__} needs a hybrid strategy, but the Trainer uses "
                 f"{type(trainer.strategy).__name__}. Pass `strategy=HybridPredictStrategy()` to the Trainer "
-                '(or `strategy="hybrid"`; `"hybrid_ddp"` for several devices).'
+                '(or `strategy="hybrid"`; `"hybrid_ddp"` or `"hybrid_fsdp"` for several devices). DeepSpeed is not '
+                "supported."
             )

@@ -33,6 +33,7 @@ from lightning_hybrid.config import HybridConfig
 from lightning_hybrid.offload import OptimizerStateOffload, host_like
 from lightning_hybrid.phase import Phase
 from lightning_hybrid.predictors import Plan
+from lightning_hybrid.stats import sq_norm
 from lightning_hybrid.summary import RunCounters, format_summary
 from lightning_hybrid.tensorboard import write_phase_curves_layout
 
@@ -140,6 +141,11 @@ class HybridScheduler(HybridComponent):
                 f"{type(pl_module).__name__} has no trainable parameters (none with requires_grad=True); "
                 "hybrid training needs at least one."
             )
+        if getattr(trainer.strategy, "sharded", False) and self.config.predict_memory != "none":
+            raise MisconfigurationException(
+                f"predict_memory={self.config.predict_memory!r} is not supported with "
+                f"{type(trainer.strategy).__name__}: its optimizer state is already sharded; use predict_memory='none'."
+            )
         self._strategy = trainer.strategy
         trainer.strategy.attach_scheduler(self)
 
@@ -152,16 +158,19 @@ class HybridScheduler(HybridComponent):
         optimizer = trainer.optimizers[0]
         groups = [[p for p in group["params"] if p.requires_grad] for group in optimizer.param_groups]
         self._group_index = [i for i, group in enumerate(groups) if group]
-        self._groups = [groups[i] for i in self._group_index]
-        if not self._groups:
+        if not self._group_index:
             raise ValueError("The optimizer holds no trainable parameters; hybrid training needs at least one.")
         self._optimizer = optimizer
         self._offload = OptimizerStateOffload(optimizer) if self.config.predict_memory != "none" else None
+        self._owners = [p for i in self._group_index for p in groups[i]]  # the parameters, holding `.grad`
+        local = self._strategy.local_tensor  # under FSDP, this rank's shard: prediction never gathers
+        self._groups = [[local(p) for p in groups[i]] for i in self._group_index]
         self._params = [p for group in self._groups for p in group]
         self._allocate_buffer()
         if self._pending_snapshot is not None:
             self._copy(self._buffer, [t.to(b.device) for t, b in zip(self._pending_snapshot, self._buffer)])
             self._pending_snapshot = None
+        self.predictor.predictor.sum_across_ranks = self._strategy.sum_across_ranks
         self.predictor.predictor.setup(self._groups, self.predictor.encoder.dim)
         if self.bandit is not None:
             self.bandit.setup_arms(self.config.max_predict_steps, self.predictor.encoder.dim)
@@ -313,13 +322,15 @@ class HybridScheduler(HybridComponent):
             self._delta_ready = True
 
     def _check_ordinary_step(self, optimizer: Optimizer) -> None:
-        grads = [p.grad for p in self._params if p.grad is not None]
+        local = self._strategy.local_tensor
+        grads = [local(p.grad) for p in self._owners if p.grad is not None]
         if self._loss_sum is None and not grads:
             self._skipped = True  # the user's training_step skipped this batch
             return
         device = self._strategy.root_device
         loss = self._loss_sum if self._loss_sum is not None else torch.full((), math.nan, device=device)
-        grad_norm = torch.stack(torch._foreach_norm(grads)).float().norm() if grads else torch.zeros((), device=device)
+        grad_sq = sq_norm(grads) if grads else torch.zeros((), device=device)
+        grad_norm = self._strategy.sum_across_ranks(grad_sq).sqrt()
         bad = (~torch.isfinite(loss) | ~torch.isfinite(grad_norm)).float()
         loss_v, bad_v, grad_norm_v = self._reduce([loss, bad.to(device), grad_norm.to(device)])
         if self._scaler is not None:
@@ -452,8 +463,8 @@ class HybridScheduler(HybridComponent):
         for group, dirs in zip(self._groups, directions):
             if [tuple(p.shape) for p in group] != [tuple(d.shape) for d in dirs]:
                 return False
-        norms = torch.stack([torch.stack(torch._foreach_norm(list(d))).float().sum() for d in directions])
-        return bool(torch.isfinite(norms).all())
+        norms = self._strategy.sum_across_ranks(torch.stack([sq_norm(list(d)) for d in directions]))
+        return bool(torch.isfinite(norms).all())  # a non-finite shard on any rank invalidates the plan everywhere
 
     def _apply_prediction(self, h: int) -> None:
         lrs = self._current_lrs()
@@ -463,10 +474,12 @@ class HybridScheduler(HybridComponent):
                 alpha = self._plan.scales[h][g] * ratio
                 if alpha != 0.0:
                     torch._foreach_add_(params, list(directions), alpha=alpha)
+        self._strategy.parameters_changed()
 
     def _rollback(self, reason: str) -> None:
         self._end_segment_memory()  # a no-op unless a segment's optimizer state is still offloaded
         self._copy(self._params, self._host_snapshot if self._snapshot_on_host else self._buffer)
+        self._strategy.parameters_changed()
         self._release_snapshot()
         self.counters.rollbacks += 1
         self.counters.predicted_steps_rolled_back += self._segment_pos

@@ -91,6 +91,12 @@ class Predictor(ABC):
 
     name: ClassVar[str]
 
+    @staticmethod
+    def sum_across_ranks(statistic: Tensor) -> Tensor:
+        """Sums a statistic of the local tensors over the ranks; the scheduler replaces it under FSDP, where each
+        rank sees only its shards."""
+        return statistic
+
     @abstractmethod
     def setup(self, params: TensorGroups, feature_dim: int) -> None:
         """Allocate state shaped like ``params`` (a list of parameter groups) on their device; ``feature_dim`` is

@@ -15,13 +15,8 @@ import torch
 from torch import Tensor
 
 from lightning_hybrid.predictors.base import Plan, Predictor, TensorGroups, UpdateStats
-from lightning_hybrid.stats import LossTrend
+from lightning_hybrid.stats import LossTrend, sq_norm
 from lightning_hybrid.validation import check_float, check_int
-
-
-def _sq_norms(tensors: list[Tensor]) -> Tensor:
-    """Sum of squares over a tensor list, as one fused reduction."""
-    return torch.stack(torch._foreach_norm(tensors)).float().square().sum()
 
 
 class DirectionPredictor(Predictor):
@@ -132,13 +127,14 @@ class DirectionPredictor(Predictor):
         with torch.no_grad():
             for delta, avg in zip(deltas, self._avg):
                 delta = list(delta)
-                actual = _sq_norms(delta)
-                old = _sq_norms(avg)
+                actual = sq_norm(delta)
+                old = sq_norm(avg)
                 torch._foreach_sub_(delta, avg)  # delta := delta - m
-                diff = _sq_norms(delta)
+                diff = sq_norm(delta)
                 torch._foreach_add_(avg, delta, alpha=1.0 - self.decay)  # m += (1 - decay) * (delta - m)
                 rows.append(torch.stack([actual, old, diff]))
-        actual_sq, avg_sq, diff_sq = torch.stack(rows).double().T.tolist()  # one host sync per step
+        # summed over the ranks' shards under FSDP; one host sync per step
+        actual_sq, avg_sq, diff_sq = self.sum_across_ranks(torch.stack(rows)).double().T.tolist()
         dots = [(a + m - d) / 2 for a, m, d in zip(actual_sq, avg_sq, diff_sq)]  # <delta, m> by polarisation
         return actual_sq, avg_sq, dots
 

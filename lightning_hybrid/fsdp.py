@@ -1,0 +1,132 @@
+"""Hybrid predictive training with FSDP2 (``torch.distributed.fsdp.fully_shard``) through Lightning's
+:class:`~lightning.pytorch.strategies.ModelParallelStrategy`.
+
+Every rank keeps, predicts and rolls back only its own shards: the hybrid callbacks work on the local tensors of
+the sharded parameters, and every statistic a phase decision reads (losses, gradient and update norms) is reduced
+over the ranks first, so the ranks always take the same decisions. The hybrid callbacks' state is shard-local,
+so each rank writes its own copy next to the sharded checkpoint and reads it back on resume.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from lightning.fabric.utilities.init import _materialize_distributed_module
+from lightning.fabric.utilities.optimizer import _optimizers_to_device
+from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.trainer.states import TrainerFn
+from torch import Tensor
+from torch.distributed.tensor import DTensor
+from torch.nn import Module
+
+from lightning_hybrid.strategy import HybridStrategyMixin
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+CALLBACK_STATE_FILE = "hybrid_callbacks_rank{rank}.pt"
+
+
+class HybridFSDPStrategy(HybridStrategyMixin, ModelParallelStrategy):
+    """Hybrid predictive training with fully sharded data parallelism (``strategy="hybrid_fsdp"``).
+
+    The LightningModule stays unchanged: unless its ``configure_model`` already applied ``fully_shard``, the
+    strategy shards every module whose class is in ``auto_wrap_policy`` and then the whole model, over all ranks.
+    Checkpoints are sharded (a folder with one file per rank).
+
+    Args:
+        auto_wrap_policy: module classes to shard as separate units (for example the transformer block), so only
+            one unit's parameters are gathered at a time; by default the model is one unit.
+        process_group_backend: ``"gloo"`` on CPU, ``"nccl"`` on CUDA by default.
+        **kwargs: ``timeout``, as for :class:`~lightning.pytorch.strategies.ModelParallelStrategy`.
+    """
+
+    strategy_name = "hybrid_fsdp"
+    sharded = True
+
+    def __init__(
+        self,
+        auto_wrap_policy: set[type[Module]] | None = None,
+        process_group_backend: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if "save_distributed_checkpoint" in kwargs or "tensor_parallel_size" in kwargs:
+            raise ValueError(
+                "HybridFSDPStrategy always saves sharded checkpoints and shards over all ranks: "
+                "`save_distributed_checkpoint` and `tensor_parallel_size` cannot be set."
+            )
+        policy = set(auto_wrap_policy or ())
+        bad = sorted(str(c) for c in policy if not (isinstance(c, type) and issubclass(c, Module)))
+        if bad:
+            raise ValueError(f"HybridFSDPStrategy: auto_wrap_policy must hold torch.nn.Module classes, got {bad}")
+        super().__init__(process_group_backend=process_group_backend, **kwargs)
+        self.auto_wrap_policy = policy
+
+    def setup_environment(self) -> None:
+        self._data_parallel_size = self.num_nodes * self.num_processes  # pure data parallelism over every rank
+        self._tensor_parallel_size = 1
+        super().setup_environment()
+
+    def setup(self, trainer: pl.Trainer) -> None:
+        """ModelParallelStrategy's setup, with the sharding done here when the module did not do it itself."""
+        self._require_scheduler(trainer)
+        assert self.model is not None and self.accelerator is not None
+        self.accelerator.setup(trainer)
+        if not any(isinstance(p, DTensor) for p in self.model.parameters()):
+            self._shard(self.model)
+        _materialize_distributed_module(self.model, self.root_device)
+        self.model = self.precision_plugin.convert_module(self.model)
+        self.model_to_device()
+        self.barrier()
+        if trainer.state.fn == TrainerFn.FITTING:
+            self.setup_optimizers(trainer)
+        self.setup_precision_plugin()
+        if trainer.state.fn == TrainerFn.FITTING:
+            _optimizers_to_device(self.optimizers, self.root_device)
+
+    def _shard(self, model: Module) -> None:
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = self.device_mesh["data_parallel"]
+        for module in model.modules():
+            if module is not model and type(module) in self.auto_wrap_policy:
+                fully_shard(module, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+
+    # ---------------------------------------------------------------------- shard-aware hooks of the scheduler
+    def local_tensor(self, tensor: Tensor) -> Tensor:
+        return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+    def sum_across_ranks(self, tensor: Tensor) -> Tensor:
+        return self.reduce(tensor.clone(), reduce_op="sum")
+
+    def parameters_changed(self) -> None:
+        """Drop gathered copies of the parameters: after a forward without backward (a Predict step's check) FSDP
+        keeps the root's gathered parameters, and the next forward would run on them, not on the updated shards."""
+        from torch.distributed.fsdp import FSDPModule
+
+        assert self.model is not None
+        for module in self.model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
+
+    # ------------------------------------------------------------------------- per-rank state of the callbacks
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
+        callbacks = checkpoint.get("callbacks", {})
+        super().save_checkpoint(checkpoint, filepath, storage_options)
+        path = Path(self.broadcast(filepath))
+        torch.save(callbacks, path / CALLBACK_STATE_FILE.format(rank=self.global_rank))
+        self.barrier()
+
+    def load_checkpoint(self, checkpoint_path: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        checkpoint = super().load_checkpoint(checkpoint_path, *args, **kwargs)
+        own = Path(self.broadcast(checkpoint_path)) / CALLBACK_STATE_FILE.format(rank=self.global_rank)
+        if not own.is_file():
+            raise RuntimeError(
+                f"Cannot resume the hybrid callbacks of rank {self.global_rank} from {checkpoint_path}: it has no "
+                f"{own.name}. Their state is per shard, so resume with the world size the checkpoint was saved with."
+            )
+        checkpoint["callbacks"] = torch.load(own, map_location="cpu", weights_only=False)
+        return checkpoint

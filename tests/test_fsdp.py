@@ -1,0 +1,80 @@
+"""``hybrid_fsdp`` settings and errors, in one CPU process (the two-rank runs are in ``tests/test_ddp.py``)."""
+
+import socket
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+from lightning_hybrid import HybridFSDPStrategy
+from tests.helpers import RegressionModel, hybrid_trainer, loader
+
+
+@pytest.fixture
+def single_rank(monkeypatch):
+    """A one-rank gloo group on loopback, torn down after the test."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    yield
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"save_distributed_checkpoint": False}, "always saves sharded checkpoints"),
+        ({"tensor_parallel_size": 2}, "shards over all ranks"),
+        ({"auto_wrap_policy": {"Linear"}}, "auto_wrap_policy must hold torch.nn.Module classes"),
+    ],
+)
+def test_bad_settings_are_refused_at_construction(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        HybridFSDPStrategy(**kwargs)
+
+
+def _fsdp_trainer(tmp_path, steps, settings=None, **kwargs):
+    return hybrid_trainer(
+        steps,
+        settings=settings,
+        devices=1,
+        strategy=HybridFSDPStrategy(process_group_backend="gloo", auto_wrap_policy={torch.nn.Linear}),
+        default_root_dir=tmp_path,
+        logger=False,
+        **kwargs,
+    )[0]
+
+
+def test_offloading_the_optimizer_state_is_refused_before_training(tmp_path, single_rank):
+    trainer = _fsdp_trainer(tmp_path, 10, {"predict_memory": "offload"})
+    model = RegressionModel()
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(MisconfigurationException, match="predict_memory='offload' is not supported with Hybrid"):
+        trainer.fit(model, loader())
+    assert trainer.global_step == 0 and all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_resuming_without_this_ranks_hybrid_state_names_the_missing_file(tmp_path, single_rank):
+    checkpoint = ModelCheckpoint(tmp_path / "ckpt", every_n_train_steps=8, filename="{step}")
+    trainer = _fsdp_trainer(tmp_path, 8, extra_callbacks=[checkpoint], enable_checkpointing=True)
+    trainer.fit(RegressionModel(), loader())
+    saved = tmp_path / "ckpt" / "step=8.ckpt"
+    (saved / "hybrid_callbacks_rank0.pt").unlink()
+    trainer = _fsdp_trainer(tmp_path, 16)
+    with pytest.raises(RuntimeError, match=r"rank 0 .*has no hybrid_callbacks_rank0.pt.*world size"):
+        trainer.fit(RegressionModel(), loader(), ckpt_path=saved)
+
+
+def test_a_strategy_that_is_not_hybrid_is_refused_naming_the_supported_ones(tmp_path):
+    """Plain Lightning strategies (DeepSpeed included) would run the callbacks without ever routing a step
+    through them; they are refused before anything trains."""
+    from lightning.pytorch.strategies import SingleDeviceStrategy
+
+    trainer = hybrid_trainer(10, strategy=SingleDeviceStrategy("cpu"), default_root_dir=tmp_path)[0]
+    with pytest.raises(MisconfigurationException, match=r'uses SingleDeviceStrategy.*"hybrid_fsdp".*DeepSpeed'):
+        trainer.fit(RegressionModel(), loader())
+    assert trainer.global_step == 0
