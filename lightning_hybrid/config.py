@@ -24,8 +24,12 @@ class HybridConfig:
             divergence monitor; ``0`` never does (the first Correct step still verifies the segment).
         correction_steps: ordinary steps after each Predict segment; the first one verifies the segment.
         max_consecutive_rollbacks: after this many rollbacks in a row prediction is switched off for the run.
-        enable_prediction: ``False`` runs the plugin as plain training (statistics and logging only),
-            which is the baseline for overhead measurements.
+        backoff_after: after this many Full cycles in a row end without a segment (low confidence, the bandit's
+            "don't predict" arm, an invalid plan), stop capturing updates and feeding the predictor for
+            ``full_steps`` steps, doubling with each further back-off up to 32 times; ``0`` never backs off.
+            Backed off, an ordinary step costs little more than plain training.
+        enable_prediction: ``False`` runs the plugin as plain training with its checks and logging, and never
+            captures updates.
         predict_memory: what Predict segments free. ``"none"``: nothing. ``"offload"``: gradients are freed and
             the optimizer state moves to (pinned) host memory when a segment starts, and is copied back
             asynchronously when it ends, in time for the next optimizer update. ``"aggressive"``: also keeps the
@@ -41,6 +45,7 @@ class HybridConfig:
     predict_forward_every: int = 1
     correction_steps: int = 5
     max_consecutive_rollbacks: int = 5
+    backoff_after: int = 3
     enable_prediction: bool = True
     predict_memory: str = "none"
     predict_precision: str = "32"
@@ -54,6 +59,7 @@ class HybridConfig:
         check_int(owner, "predict_forward_every", self.predict_forward_every)
         check_int(owner, "correction_steps", self.correction_steps, 1)
         check_int(owner, "max_consecutive_rollbacks", self.max_consecutive_rollbacks, 1)
+        check_int(owner, "backoff_after", self.backoff_after)
         if not isinstance(self.enable_prediction, bool):
             raise ValueError(f"{owner}: `enable_prediction` must be True or False, got {self.enable_prediction!r}")
         check_choice(owner, "predict_memory", self.predict_memory, PREDICT_MEMORY)

@@ -27,6 +27,7 @@ class RunCounters:
     invalid_plans: int = 0
     nonfinite_steps_skipped: int = 0
     outlier_steps_skipped: int = 0
+    backed_off_steps: int = 0  # ordinary steps without update capture or predictor training
 
     @property
     def steps_total(self) -> int:
@@ -62,7 +63,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         + f" | backward skipped {summary['backward_skipped_pct']:.1f}%",
         f"hybrid: {summary['rollbacks']} rollbacks of {summary['segments_started']} predict segments"
         f" | {summary['nonfinite_steps_skipped']} non-finite and {summary['outlier_steps_skipped']} exploding-gradient"
-        " steps skipped",
+        f" steps skipped | {summary['backed_off_steps']} steps backed off",
         f"hybrid: wall {summary['wall_time_s']:.1f}s | " + ", ".join(f"{k} {v:.1f}s" for k, v in times.items()),
     ]
     return "\n".join(lines)

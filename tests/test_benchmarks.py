@@ -98,7 +98,10 @@ def test_quick_overheads_time_every_component(tmp_path):
         assert component["ms_per_call"] > 0 and component["share_of_ordinary_time"] > 0
     assert set(profile["components"]) == set(COMPONENTS)
     assert result["predict_step"]["with_check"] is not None and result["predict_step"]["without_check"] is not None
-    assert len(result["ordinary_overhead"]["ratios"]) == 1
+    assert {mode: len(r) for mode, r in result["ordinary_overhead"]["ratios"].items()} == {
+        "tracking": 1,
+        "backed_off": 1,
+    }
     memory = result["memory"]
     assert memory["runs"]["hybrid"]["predicted_steps"] > 0 and "predicted_steps" not in memory["runs"]["plain"]
     assert memory["runs"]["plain"]["param_bytes"] == memory["runs"]["hybrid"]["param_bytes"] == 4 * profile["params"]

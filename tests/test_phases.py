@@ -218,7 +218,14 @@ def test_every_step_logs_the_phase_curves():
 
 
 def test_learned_dynamics_curves_and_summary_fields():
-    settings = {"predictor": "mlp", "bandit": True, "cost": "steps", "train_every": 2, "batch_size": 4}
+    settings = {
+        "predictor": "mlp",
+        "bandit": True,
+        "cost": "steps",
+        "train_every": 2,
+        "batch_size": 4,
+        "backoff_after": 0,
+    }
     trainer, logger = hybrid_trainer(max_steps=80, settings=settings)
     trainer.fit(RegressionModel(), loader())
     for key in ("correction_magnitude", "uncertainty", "bandit_arm"):

@@ -74,6 +74,9 @@ class HybridScheduler(HybridComponent):
         self._horizon = self.config.max_predict_steps
         self._consecutive_rollbacks = 0
         self._prediction_off = False
+        self._declined = 0  # Full cycles in a row that ended without a segment
+        self._backoffs = 0  # back-offs since the last accepted segment; each doubles the pause
+        self._backoff_until = 0  # no update capture before this global step
         self._lr_ref: list[float] = []
         self._pending_snapshot: list[Tensor] | None = None
         self._components: dict[type, HybridComponent] = {}
@@ -283,6 +286,7 @@ class HybridScheduler(HybridComponent):
         self._forward_loss: Tensor | None = None
         self._forward_now = False
         self._capture = False
+        self._step_backed_off = False
         self._delta_ready = False
         self._skipped = False
         self._step_loss = math.nan
@@ -297,7 +301,8 @@ class HybridScheduler(HybridComponent):
         self._reset_step()
         self._in_step = True
         self._t0 = time.perf_counter()
-        self._capture = self.phase.ordinary and not self._snapshot_alive
+        self._step_backed_off = self.phase.ordinary and self._backed_off
+        self._capture = self.phase.ordinary and not self._snapshot_alive and not self._step_backed_off
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
@@ -373,6 +378,8 @@ class HybridScheduler(HybridComponent):
                 seconds = self._reduce([torch.tensor(seconds)])[0]
             loss = self._step_loss if phase.ordinary and not self._skipped else None
             self.bandit.record_step(phase is Phase.PREDICT, seconds, loss, correcting=phase is Phase.CORRECT)
+        if self._step_backed_off:
+            self.counters.backed_off_steps += 1
         if self.phase is phase and phase.ordinary:
             self._phase_step += 1
         self._advance()
@@ -406,8 +413,11 @@ class HybridScheduler(HybridComponent):
         cfg = self.config
         if self.phase is Phase.WARMUP and self._phase_step >= cfg.warmup_steps:
             self._enter(Phase.FULL)
+        elif self.phase is Phase.FULL and self._step_backed_off:
+            self._phase_step = 0  # a fresh Full cycle of observation follows the back-off
         elif self.phase is Phase.FULL and self._phase_step >= cfg.full_steps:
-            self._try_start_segment()
+            if not self._try_start_segment():
+                self._decline()
         elif self.phase is Phase.PREDICT and self._segment_pos >= self._plan.horizon:
             self._end_segment_memory()
             self._enter(Phase.CORRECT)
@@ -420,14 +430,28 @@ class HybridScheduler(HybridComponent):
         self.phase = phase
         self._phase_step = 0
 
-    def _try_start_segment(self) -> None:
+    @property
+    def _backed_off(self) -> bool:
+        """Whether ordinary steps currently skip update capture and predictor training."""
+        cfg = self.config
+        return not cfg.enable_prediction or self._prediction_off or self._last_global_step < self._backoff_until
+
+    def _decline(self) -> None:
+        """A Full cycle ended without a segment; after ``backoff_after`` in a row, stop observing for a while."""
+        self._declined += 1
+        after = self.config.backoff_after
+        if after and self._declined >= after:
+            self._backoff_until = self._last_global_step + self.config.full_steps * 2 ** min(self._backoffs, 5)
+            self._backoffs += 1
+            self._declined = 0
+
+    def _try_start_segment(self) -> bool:
+        """Start a Predict segment if the predictor, its confidence and the bandit allow it."""
         self._phase_step = 0  # another Full cycle unless a segment starts
         cfg = self.config
         predictor = self.predictor.predictor
-        if not cfg.enable_prediction or self._prediction_off or not predictor.ready:
-            return
-        if predictor.confidence() < cfg.confidence_threshold:
-            return
+        if not predictor.ready or predictor.confidence() < cfg.confidence_threshold:
+            return False
         encoder = self.predictor.encoder
         features = encoder.features()
         horizon = self._horizon
@@ -437,7 +461,7 @@ class HybridScheduler(HybridComponent):
             self._bandit_arm = horizon
             if horizon == 0:  # the bandit prefers another Full cycle: that is the baseline, reward 0
                 self.bandit.update(arm, features, 0.0)
-                return
+                return False
             _, slope, noise = encoder.loss_trend()
             self.bandit.begin(arm, features, slope, noise)
         plan, self._factors = self.corrector.correct(
@@ -446,14 +470,16 @@ class HybridScheduler(HybridComponent):
         if not self._plan_is_valid(plan, predictor.directions()):
             self.counters.invalid_plans += 1
             self._count_failed_segment()
-            return
+            return False
         self._take_snapshot()
         self._snapshot_alive = True
         self._plan = plan
         self._segment_pos = 0
         self.counters.segments_started += 1
         self.monitor.start_segment()
+        self._declined = 0
         self._enter(Phase.PREDICT)
+        return True
 
     def _plan_is_valid(self, plan: Plan, directions: Any) -> bool:
         if plan.horizon < 1 or not plan.is_finite() or len(plan.loss_upper) != plan.horizon + 1:
@@ -502,6 +528,7 @@ class HybridScheduler(HybridComponent):
     def _accept_segment(self) -> None:
         self._release_snapshot()
         self._consecutive_rollbacks = 0
+        self._backoffs = 0
         self._horizon = min(self.config.max_predict_steps, self._horizon * 2)
         self.counters.segments_accepted += 1
 
@@ -609,6 +636,7 @@ class HybridScheduler(HybridComponent):
             "horizon": self._horizon,
             "consecutive_rollbacks": self._consecutive_rollbacks,
             "prediction_off": self._prediction_off,
+            "backoff": [self._declined, self._backoffs, self._backoff_until],
             "lr_ref": list(self._lr_ref),
             "counters": self.counters.to_dict(),
             "factors": list(self._factors),
@@ -630,6 +658,7 @@ class HybridScheduler(HybridComponent):
         self._horizon = int(state["horizon"])
         self._consecutive_rollbacks = int(state["consecutive_rollbacks"])
         self._prediction_off = bool(state["prediction_off"])
+        self._declined, self._backoffs, self._backoff_until = (int(v) for v in state["backoff"])
         self._lr_ref = [float(v) for v in state["lr_ref"]]
         self.counters = RunCounters()
         self.counters.load(state["counters"])
