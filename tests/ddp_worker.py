@@ -16,10 +16,9 @@ from pathlib import Path
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-from torch.distributed.tensor import DTensor
 
 from lightning_hybrid import HybridDDPStrategy, HybridFSDPStrategy, HybridScheduler, hybrid_callbacks
-from tests.helpers import FAST, FAST_PHASES, RegressionModel, hybrid_trainer, loader
+from tests.helpers import FAST, FAST_PHASES, RegressionModel, flat_params, hybrid_trainer, loader
 from tests.test_resume import LEARNED, _callbacks
 
 STRATEGIES = {
@@ -39,12 +38,6 @@ class Record(L.Callback):
             self.first_batch = batch[0].clone()
         scheduler = next(cb for cb in trainer.callbacks if isinstance(cb, HybridScheduler))
         self.phases.append(int(scheduler.phase))
-
-
-def full_params(model: torch.nn.Module) -> torch.Tensor:
-    """All parameters, flattened; shards are gathered (a collective: every rank calls it)."""
-    full = [p.full_tensor() if isinstance(p, DTensor) else p for p in model.parameters()]
-    return torch.cat([p.detach().flatten().clone() for p in full])
 
 
 def main(out_dir: str, kind: str, nodes: int = 1, resume: str | None = None) -> None:
@@ -82,7 +75,7 @@ def main(out_dir: str, kind: str, nodes: int = 1, resume: str | None = None) -> 
         {
             "phases": record.phases,
             "first_batch": record.first_batch,
-            "params": full_params(model),
+            "params": flat_params(model),
             "local_numel": sum(t.numel() for g in scheduler.predictor.predictor.directions() for t in g),
             "summary": scheduler.summary(),
             "monitor": scheduler.monitor.state_dict(),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import lightning as L
@@ -9,6 +10,7 @@ import torch
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_only
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_hybrid import HybridPredictStrategy, HybridScheduler, Phase, hybrid_callbacks
@@ -148,7 +150,16 @@ class StepRecorder(L.Callback):
 
 
 def flat_params(model: torch.nn.Module) -> torch.Tensor:
-    return torch.cat([p.detach().flatten().clone() for p in model.parameters()])
+    """All parameters, flattened; FSDP shards are gathered first (a collective: every rank must call it)."""
+    full = [p.full_tensor() if isinstance(p, DTensor) else p for p in model.parameters()]
+    return torch.cat([p.detach().flatten().clone() for p in full])
+
+
+def free_port() -> int:
+    """A free TCP port on loopback, for a process group's rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def scheduler_of(trainer: L.Trainer) -> HybridScheduler:

@@ -1,7 +1,6 @@
 """Two CPU ranks (gloo) with different data take the same phase decisions and keep identical weights."""
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -10,21 +9,16 @@ import pytest
 import torch
 
 from lightning_hybrid import Phase
+from tests.helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_ranks(
     out_dir: Path, kind: str, world_size: int = 2, nodes: int = 1, resume: str = "", strategy: str = "ddp"
 ) -> list[dict]:
     """Launch the ranks as torchrun (one node) or a cluster launcher (one process per node) would."""
-    port = _free_port()
+    port = free_port()
     procs = []
     for rank in range(world_size):
         env = {

@@ -1,24 +1,19 @@
 """``hybrid_fsdp`` settings and errors, in one CPU process (the two-rank runs are in ``tests/test_ddp.py``)."""
 
-import socket
-
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lightning_hybrid import HybridFSDPStrategy
-from tests.helpers import RegressionModel, hybrid_trainer, loader
+from tests.helpers import RegressionModel, free_port, hybrid_trainer, loader
 
 
 @pytest.fixture
 def single_rank(monkeypatch):
     """A one-rank gloo group on loopback, torn down after the test."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(port))
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
     yield
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()

@@ -144,7 +144,7 @@ class HybridScheduler(HybridComponent):
                 f"{type(pl_module).__name__} has no trainable parameters (none with requires_grad=True); "
                 "hybrid training needs at least one."
             )
-        if getattr(trainer.strategy, "sharded", False) and self.config.predict_memory != "none":
+        if trainer.strategy.sharded and self.config.predict_memory != "none":  # a hybrid strategy: checked above
             raise MisconfigurationException(
                 f"predict_memory={self.config.predict_memory!r} is not supported with "
                 f"{type(trainer.strategy).__name__}: its optimizer state is already sharded; use predict_memory='none'."
