@@ -51,6 +51,7 @@ PREDICTING = [  # predict as often as possible, so every component is exercised 
     "hybrid.warmup_steps=20",
     "hybrid.full_steps=10",
     "hybrid.confidence_threshold=0.0",
+    "hybrid.predict_lr_fraction=1.0",
     "hybrid.max_consecutive_rollbacks=1000",
     "hybrid.exploration_plays=1000",
 ]
@@ -140,7 +141,7 @@ def _callback(trainer: Any, name: str) -> Any:
 
 
 IDLE_MODES = {  # hybrid runs that never predict: still tracking updates, and backed off (the default's fate)
-    "tracking": ["hybrid.confidence_threshold=1.0", "hybrid.backoff_after=0"],
+    "tracking": ["hybrid.confidence_threshold=1.0", "hybrid.backoff_after=0", "hybrid.predict_lr_fraction=1.0"],
     "backed_off": ["hybrid.enable_prediction=false"],
 }
 

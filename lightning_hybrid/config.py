@@ -28,6 +28,12 @@ class HybridConfig:
             "don't predict" arm, an invalid plan), stop capturing updates and feeding the predictor for
             ``full_steps`` steps, doubling with each further back-off up to 32 times; ``0`` never backs off.
             Backed off, an ordinary step costs little more than plain training.
+        predict_lr_fraction: Predict segments start only while every optimizer group's learning rate is at most
+            this fraction of the highest it has reached in this run, in ``(0, 1]``; until then ordinary steps are
+            backed off. Predicted updates extrapolate recent ones, which holds only once a decaying learning rate
+            has made the steps small (in this project's benchmarks prediction at the full learning rate always
+            cost quality); with a constant learning rate a fraction below 1 never predicts. ``1.0`` predicts at
+            any learning rate.
         enable_prediction: ``False`` runs the plugin as plain training with its checks and logging, and never
             captures updates.
         predict_memory: what Predict segments free. ``"none"``: nothing. ``"offload"``: gradients are freed and
@@ -46,6 +52,7 @@ class HybridConfig:
     correction_steps: int = 5
     max_consecutive_rollbacks: int = 5
     backoff_after: int = 3
+    predict_lr_fraction: float = 0.4
     enable_prediction: bool = True
     predict_memory: str = "none"
     predict_precision: str = "32"
@@ -60,6 +67,7 @@ class HybridConfig:
         check_int(owner, "correction_steps", self.correction_steps, 1)
         check_int(owner, "max_consecutive_rollbacks", self.max_consecutive_rollbacks, 1)
         check_int(owner, "backoff_after", self.backoff_after)
+        check_float(owner, "predict_lr_fraction", self.predict_lr_fraction, 0.0, 1.0, open_low=True)
         if not isinstance(self.enable_prediction, bool):
             raise ValueError(f"{owner}: `enable_prediction` must be True or False, got {self.enable_prediction!r}")
         check_choice(owner, "predict_memory", self.predict_memory, PREDICT_MEMORY)

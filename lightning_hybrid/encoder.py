@@ -71,6 +71,16 @@ class StateEncoder:
         self._var = [0.0] * dim
         self._count = 0
 
+    def observe_loss(self, step: int, loss: float, grad_norm: float) -> None:
+        """Record one ordinary step's loss and gradient norm only: what keeps the loss trend and gradient averages
+        current while the plugin is backed off, without the cost of refreshing the features."""
+        if math.isfinite(loss):
+            self._trend.add(step, loss)
+        if math.isfinite(grad_norm):
+            for key, decay in (("fast", 0.5), ("slow", 0.95)):
+                old = self._grad[key]
+                self._grad[key] = grad_norm if math.isnan(old) else decay * old + (1 - decay) * grad_norm
+
     def observe(
         self,
         step: int,
@@ -81,13 +91,8 @@ class StateEncoder:
         prediction_error: float | None = None,
         loss_residual: float | None = None,
     ) -> None:
-        """Record one ordinary step and refresh the running statistics."""
-        if math.isfinite(loss):
-            self._trend.add(step, loss)
-        if math.isfinite(grad_norm):
-            for key, decay in (("fast", 0.5), ("slow", 0.95)):
-                old = self._grad[key]
-                self._grad[key] = grad_norm if math.isnan(old) else decay * old + (1 - decay) * grad_norm
+        """Record one ordinary step and refresh the features and their running statistics."""
+        self.observe_loss(step, loss, grad_norm)
         if update_sq is not None:
             norms = [math.sqrt(max(v, 0.0)) if math.isfinite(v) else math.nan for v in update_sq]
             if len(self._update_slow) != len(norms):

@@ -167,7 +167,14 @@ def scheduler_of(trainer: L.Trainer) -> HybridScheduler:
 
 
 # Short phases that always predict: no bandit, the horizon follows the scheduler's halve-on-failure rule.
-FAST_PHASES = dict(warmup_steps=5, full_steps=6, max_predict_steps=4, confidence_threshold=0.0, correction_steps=2)
+FAST_PHASES = dict(
+    warmup_steps=5,
+    full_steps=6,
+    max_predict_steps=4,
+    confidence_threshold=0.0,
+    correction_steps=2,
+    predict_lr_fraction=1.0,
+)
 FAST = {**FAST_PHASES, "bandit": False}
 
 

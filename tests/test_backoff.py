@@ -6,8 +6,8 @@ import itertools
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from lightning_hybrid import DynamicsPredictor
-from tests.helpers import FAST, RegressionModel, flat_params, hybrid_trainer, loader, scheduler_of
+from lightning_hybrid import DynamicsPredictor, Phase
+from tests.helpers import FAST, RegressionModel, flat_params, hybrid_trainer, loader, phases, scheduler_of
 
 
 def _spy_observations(trainer) -> list[bool]:
@@ -69,4 +69,37 @@ def test_resuming_inside_a_back_off_continues_it_exactly(tmp_path):
     resumed_model = RegressionModel()
     resumed_trainer.fit(resumed_model, loader(), ckpt_path=tmp_path / "step=24.ckpt")  # paused at step 24
     assert scheduler_of(resumed_trainer).summary()["backed_off_steps"] == uninterrupted["backed_off_steps"]
+    assert torch.equal(flat_params(resumed_model), flat_params(full_model))
+
+
+def _lr_gated_run(
+    max_steps: int, fraction: float = 0.8, trainer_kwargs: dict | None = None, **fit_kwargs
+) -> tuple[RegressionModel, list[bool], dict[int, Phase], int]:
+    """A run whose learning rate decays by 1% a step, gated at ``fraction`` of its peak."""
+    trainer, logger = hybrid_trainer(max_steps, {"predict_lr_fraction": fraction}, **(trainer_kwargs or {}))
+    seen = _spy_observations(trainer)
+    model = RegressionModel(scheduler=True)
+    trainer.fit(model, loader(), **fit_kwargs)
+    return model, seen, phases(logger), scheduler_of(trainer).summary()["backed_off_steps"]
+
+
+def test_lr_gate_waits_for_the_learning_rate_to_decay():
+    opens = next(t for t in range(100) if 0.99**t <= 0.8)  # the LR after t scheduler steps is 0.99**t of its peak
+    _, seen, by_step, backed_off = _lr_gated_run(60)
+    assert seen[:opens] == [False] * opens  # nothing captured, the predictor learns nothing
+    assert all(seen[opens : opens + FAST["full_steps"]])  # then Full cycles observe as usual
+    predicted = [step for step, phase in by_step.items() if phase is Phase.PREDICT]
+    assert predicted and min(predicted) > opens + FAST["warmup_steps"]
+    assert backed_off == opens
+    _, _, ungated, _ = _lr_gated_run(60, fraction=1.0)
+    assert min(step for step, phase in ungated.items() if phase is Phase.PREDICT) < opens  # the gate delayed it
+
+
+def test_resuming_before_the_lr_gate_opens_keeps_the_peak(tmp_path):
+    ckpt = ModelCheckpoint(tmp_path, every_n_train_steps=8, save_top_k=-1, filename="{step}")
+    full_model, _, full_phases, _ = _lr_gated_run(
+        48, trainer_kwargs={"extra_callbacks": [ckpt], "enable_checkpointing": True}
+    )
+    resumed_model, _, resumed_phases, _ = _lr_gated_run(48, ckpt_path=tmp_path / "step=16.ckpt")
+    assert {s: p for s, p in full_phases.items() if s > 16} == resumed_phases
     assert torch.equal(flat_params(resumed_model), flat_params(full_model))

@@ -77,7 +77,12 @@ def _fit(callbacks):
 def test_a_useless_predictor_backs_off_to_nearly_plain_training():
     _, _, plain = _fit([])
     callbacks = hybrid_callbacks(
-        warmup_steps=20, full_steps=10, max_predict_steps=8, confidence_threshold=0.0, cost="steps"
+        warmup_steps=20,
+        full_steps=10,
+        max_predict_steps=8,
+        confidence_threshold=0.0,
+        cost="steps",
+        predict_lr_fraction=1.0,
     )
     callbacks[1].predictor = Useless()
     model, _trainer, hybrid = _fit(callbacks)

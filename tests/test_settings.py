@@ -18,6 +18,8 @@ from lightning_hybrid.predictors import LinearPredictor
         ({"correction_steps": 0}, r"`correction_steps` must be an integer >= 1, got 0"),
         ({"warmup_steps": 2.5}, r"`warmup_steps` must be an integer"),
         ({"max_consecutive_rollbacks": 0}, r"`max_consecutive_rollbacks`"),
+        ({"predict_lr_fraction": 0.0}, r"`predict_lr_fraction` must be a finite number in \(0.0, 1.0\], got 0.0"),
+        ({"predict_lr_fraction": 1.5}, r"`predict_lr_fraction`.*got 1.5"),
     ],
 )
 def test_phase_settings_are_validated(kwargs, pattern):

@@ -78,6 +78,7 @@ class HybridScheduler(HybridComponent):
         self._backoffs = 0  # back-offs since the last accepted segment; each doubles the pause
         self._backoff_until = 0  # no update capture before this global step
         self._lr_ref: list[float] = []
+        self._lr_peak: list[float] = []  # each group's highest learning rate so far, for `predict_lr_fraction`
         self._pending_snapshot: list[Tensor] | None = None
         self._components: dict[type, HybridComponent] = {}
         self.bandit: HorizonBandit | None = None
@@ -179,6 +180,8 @@ class HybridScheduler(HybridComponent):
             self.bandit.setup_arms(self.config.max_predict_steps, self.predictor.encoder.dim)
         if not self._lr_ref:
             self._lr_ref = self._current_lrs()
+        if not self._lr_peak:
+            self._lr_peak = self._current_lrs()
         self._hooks = [
             optimizer.register_step_pre_hook(self._before_optimizer_step),
             optimizer.register_step_post_hook(self._after_optimizer_step),
@@ -312,6 +315,7 @@ class HybridScheduler(HybridComponent):
         if trainer.global_step == self._last_global_step:
             return  # accumulating: the optimizer has not stepped yet
         self._last_global_step = trainer.global_step
+        self._lr_peak = [max(peak, lr) for peak, lr in zip(self._lr_peak, self._current_lrs())]
         self._end_step(trainer)
         self._in_step = False
 
@@ -336,19 +340,19 @@ class HybridScheduler(HybridComponent):
         loss = self._loss_sum if self._loss_sum is not None else torch.full((), math.nan, device=device)
         grad_sq = sq_norm(grads) if grads else torch.zeros((), device=device)
         grad_norm = self._strategy.sum_across_ranks(grad_sq).sqrt()
-        bad = (~torch.isfinite(loss) | ~torch.isfinite(grad_norm)).float()
-        loss_v, bad_v, grad_norm_v = self._reduce([loss, bad.to(device), grad_norm.to(device)])
+        loss_v, grad_norm_v = self._reduce([loss, grad_norm])  # a mean is non-finite if any rank's value is
+        bad = not (math.isfinite(loss_v) and math.isfinite(grad_norm_v))
         if self._scaler is not None:
             grad_norm_v /= float(self._scaler.get_scale())
         self._step_loss, self._grad_norm = loss_v, grad_norm_v
         if self._snapshot_alive:  # first Correct step: the loss at the segment's final weights verifies it
-            reason = self.monitor.check(loss_v if bad_v == 0 else math.nan, self._plan.loss_upper[-1])
+            reason = self.monitor.check(math.nan if bad else loss_v, self._plan.loss_upper[-1])
             if reason is not None:
                 self._skip_update(optimizer, grads)
                 self._rollback(reason)
                 return
             self._accept_segment()
-        if bad_v > 0:
+        if bad:
             self._skip_update(optimizer, grads)
             self.counters.nonfinite_steps_skipped += 1
         elif self.monitor.gradient_outlier(grad_norm_v):
@@ -390,13 +394,16 @@ class HybridScheduler(HybridComponent):
         loss, encoder = self._step_loss, self.predictor.encoder
         if phase is not Phase.CORRECT:
             self.monitor.observe(loss, self._grad_norm)
-        features = encoder.features()  # the state before this step
         deltas = self._buffer_groups if self._delta_ready else None
+        features = encoder.features() if deltas is not None else None  # the state before this step
         stats = self.predictor.predictor.observe(step, loss, deltas, features)
         lrs = self._current_lrs()
         self._lr_ref = lrs
         if stats is None:
-            encoder.observe(step, loss, self._grad_norm, lrs)
+            if self._step_backed_off:  # the features are refreshed when observation resumes, before any segment
+                encoder.observe_loss(step, loss, self._grad_norm)
+            else:
+                encoder.observe(step, loss, self._grad_norm, lrs)
             return math.nan
         factors, _ = self.corrector.correction(features, step, len(self._groups))
         self._step_error = stats.scaled(factors).relative_error  # the error of the corrected prediction
@@ -434,7 +441,10 @@ class HybridScheduler(HybridComponent):
     def _backed_off(self) -> bool:
         """Whether ordinary steps currently skip update capture and predictor training."""
         cfg = self.config
-        return not cfg.enable_prediction or self._prediction_off or self._last_global_step < self._backoff_until
+        if not cfg.enable_prediction or self._prediction_off or self._last_global_step < self._backoff_until:
+            return True
+        limit = cfg.predict_lr_fraction
+        return limit < 1.0 and any(lr > limit * peak for lr, peak in zip(self._current_lrs(), self._lr_peak))
 
     def _decline(self) -> None:
         """A Full cycle ended without a segment; after ``backoff_after`` in a row, stop observing for a while."""
@@ -587,6 +597,8 @@ class HybridScheduler(HybridComponent):
         return self._wall_base + (time.perf_counter() - self._wall_t0 if self._wall_t0 else 0.0)
 
     def _log(self, trainer: pl.Trainer, phase: Phase, predicted_loss: float) -> None:
+        if not trainer.loggers:
+            return
         metrics = {
             "hybrid/phase": float(phase),
             "hybrid/confidence": self.predictor.predictor.confidence(),
@@ -638,6 +650,7 @@ class HybridScheduler(HybridComponent):
             "prediction_off": self._prediction_off,
             "backoff": [self._declined, self._backoffs, self._backoff_until],
             "lr_ref": list(self._lr_ref),
+            "lr_peak": list(self._lr_peak),
             "counters": self.counters.to_dict(),
             "factors": list(self._factors),
             "bandit_arm": self._bandit_arm,
@@ -660,6 +673,7 @@ class HybridScheduler(HybridComponent):
         self._prediction_off = bool(state["prediction_off"])
         self._declined, self._backoffs, self._backoff_until = (int(v) for v in state["backoff"])
         self._lr_ref = [float(v) for v in state["lr_ref"]]
+        self._lr_peak = [float(v) for v in state["lr_peak"]]
         self.counters = RunCounters()
         self.counters.load(state["counters"])
         self._factors, self._bandit_arm = list(state["factors"]), int(state["bandit_arm"])

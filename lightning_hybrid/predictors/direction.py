@@ -96,12 +96,13 @@ class DirectionPredictor(Predictor):
     def observe(
         self, step: int, loss: float, deltas: TensorGroups | None, features: Tensor | None = None
     ) -> UpdateStats | None:
+        if deltas is None:  # nothing to learn from but the loss
+            self._trend.add(step, loss)
+            return None
         level, slope, noise = self._trend.fit()
         last_step = self._trend.points[-1][0] if len(self._trend) else step
         predicted_loss = level + slope * (step - last_step) if len(self._trend) else math.nan
         self._trend.add(step, loss)
-        if deltas is None:
-            return None
         scales = self._scales(features)
         actual_sq, avg_sq, dots = self._track(deltas)
         stats = UpdateStats(
