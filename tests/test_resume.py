@@ -17,16 +17,17 @@ from lightning_hybrid import (
     ResidualCorrector,
     hybrid_callbacks,
 )
-from tests.helpers import RegressionModel, SometimesExploding, flat_params, hybrid_trainer, loader, scheduler_of
-
-SETTINGS = dict(
-    warmup_steps=3,
-    full_steps=3,
-    max_predict_steps=5,
-    confidence_threshold=0.0,
-    correction_steps=2,
-    predict_lr_fraction=1.0,
+from tests.helpers import (
+    FAST_PHASES,
+    RegressionModel,
+    SometimesExploding,
+    flat_params,
+    hybrid_trainer,
+    loader,
+    scheduler_of,
 )
+
+SETTINGS = {**FAST_PHASES, "warmup_steps": 3, "full_steps": 3, "max_predict_steps": 5}
 STEPS = 40
 
 
