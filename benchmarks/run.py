@@ -3,6 +3,7 @@
     python -m benchmarks.run --task char_gpt --seeds 3          # the default length (600 steps)
     python -m benchmarks.run --task all --quick                 # every task, a minute or two
     python -m benchmarks.run --task char_gpt --long predictor=rssm hybrid.confidence_threshold=0.3
+    python -m benchmarks.run --task all --seeds 5 --threads 1    # quieter on a shared CPU: results/cpu_1thread
 
 Per seed the baseline (the same experiment with plain Lightning: same module, optimizer, LR schedule, batch
 order and seed) and the hybrid run alternate in this process, so drift of the machine hits both. The target is
@@ -166,14 +167,20 @@ def main(argv: list[str] | None = None) -> None:
     group.add_argument("--quick", action="store_const", const="quick", dest="length", help="a few dozen steps")
     group.add_argument("--long", action="store_const", const="long", dest="length", help="several thousand steps")
     parser.add_argument("--name", default=None, help="label of this hybrid configuration (default: from overrides)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default: benchmarks/results/<device>)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of the app config, e.g. predictor=rssm")
     args = parser.parse_args(argv)
     if args.seeds < 1:
         parser.error(f"--seeds must be at least 1, got {args.seeds}")
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be at least 1, got {args.threads}")
     length = args.length or "default"
     name = args.name or (re.sub(r"[^A-Za-z0-9.=-]+", "_", "_".join(args.overrides)) or "defaults")
-    out = args.out or RESULTS / ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    out = args.out or RESULTS / (device if args.threads is None else f"{device}_{args.threads}thread")
     out.mkdir(parents=True, exist_ok=True)
     for task in CPU_TASKS if args.task == "all" else [args.task]:
         with tempfile.TemporaryDirectory() as workdir:

@@ -26,7 +26,8 @@ class HybridConfig:
         max_consecutive_rollbacks: after this many rollbacks in a row prediction is switched off for the run.
         backoff_after: after this many Full cycles in a row end without a segment (low confidence, the bandit's
             "don't predict" arm, an invalid plan), stop capturing updates and feeding the predictor for
-            ``full_steps`` steps, doubling with each further back-off up to 32 times; ``0`` never backs off.
+            ``full_steps`` steps, then observe one Full cycle again; each further declined cycle backs off for
+            twice as long, up to 32 times, until a segment is accepted. ``0`` never backs off.
             Backed off, an ordinary step costs little more than plain training.
         predict_lr_fraction: Predict segments start only while every optimizer group's learning rate is at most
             this fraction of the highest it has reached in this run, in ``(0, 1]``; until then ordinary steps are

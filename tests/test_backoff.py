@@ -38,7 +38,7 @@ def test_declined_cycles_back_off_with_doubling_pauses():
     pauses = [n for flag, n in runs if not flag]
     observed = [n for flag, n in runs[1:] if flag]
     assert pauses[:3] == [full, 2 * full, 4 * full]
-    assert observed[:2] == [2 * full, 2 * full]  # two more declined cycles before each further back-off
+    assert observed[:2] == [full, full]  # after a pause, one declined cycle starts the next pause
     summary = scheduler_of(trainer).summary()
     assert summary["backed_off_steps"] == seen.count(False)
     assert summary["segments_started"] == 0

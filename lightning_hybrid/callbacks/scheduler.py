@@ -447,10 +447,12 @@ class HybridScheduler(HybridComponent):
         return limit < 1.0 and any(lr > limit * peak for lr, peak in zip(self._current_lrs(), self._lr_peak))
 
     def _decline(self) -> None:
-        """A Full cycle ended without a segment; after ``backoff_after`` in a row, stop observing for a while."""
+        """A Full cycle ended without a segment; after ``backoff_after`` in a row, stop observing for a while.
+        Once backed off (and until a segment is accepted), the first declined cycle after a pause starts the next,
+        longer one: the predictor has already shown it does not earn confidence here."""
         self._declined += 1
         after = self.config.backoff_after
-        if after and self._declined >= after:
+        if after and (self._declined >= after or self._backoffs > 0):
             self._backoff_until = self._last_global_step + self.config.full_steps * 2 ** min(self._backoffs, 5)
             self._backoffs += 1
             self._declined = 0
