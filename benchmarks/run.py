@@ -168,7 +168,12 @@ def main(argv: list[str] | None = None) -> None:
     group.add_argument("--long", action="store_const", const="long", dest="length", help="several thousand steps")
     parser.add_argument("--name", default=None, help="label of this hybrid configuration (default: from overrides)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
-    parser.add_argument("--out", type=Path, default=None, help="results folder (default: benchmarks/results/<device>)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="results folder (default: benchmarks/results/<device>, <device>_<N>thread with --threads)",
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of the app config, e.g. predictor=rssm")
     args = parser.parse_args(argv)
     if args.seeds < 1:
