@@ -83,7 +83,7 @@ def main(out_dir: str, kind: str, nodes: int = 1, resume: str | None = None) -> 
         },
         f"{out_dir}/rank{trainer.global_rank}.pt",
     )
-    if torch.distributed.is_initialized():  # an orderly exit: gloo's threads otherwise abort the process at times
+    if torch.distributed.is_initialized():  # leave the group in order; not enough on its own, see os._exit below
         torch.distributed.destroy_process_group()
 
 
