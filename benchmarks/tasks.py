@@ -7,10 +7,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hydra import compose, initialize_config_dir
+from hydra import compose, initialize_config_module
 from omegaconf import DictConfig, open_dict
 
-from lightning_hybrid.train import config_dir
+from lightning_hybrid.train import CONFIG_MODULE
 
 HYBRID_BUDGET = 1.5  # hybrid may train this many times the baseline's steps to reach the baseline's final loss
 
@@ -79,7 +79,7 @@ def compose_run(task: str, length: str, seed: int, overrides: Sequence[str], out
         f"paths.output_dir={output_dir}",
         *TASKS[task].overrides,
     ]
-    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+    with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
         cfg = compose("train", overrides=[*base, *overrides])
     with open_dict(cfg):
         if "max_steps" in cfg.model:  # an LR schedule's length is the baseline's, whatever the run's budget

@@ -11,10 +11,11 @@ from lightning_hybrid.callbacks import (
     hybrid_callbacks,
 )
 from lightning_hybrid.config import HybridConfig
-from lightning_hybrid.fsdp import HybridFSDPStrategy
+from lightning_hybrid.fsdp import FullyShardedStrategy, HybridFSDPStrategy
 from lightning_hybrid.meter import RunMeter
 from lightning_hybrid.phase import Phase
-from lightning_hybrid.strategy import HybridDDPStrategy, HybridPredictStrategy, register_strategies
+from lightning_hybrid.registry import register_strategies
+from lightning_hybrid.strategy import HybridDDPStrategy, HybridPredictStrategy
 
 register_strategies()
 
@@ -23,6 +24,7 @@ __version__ = "0.1.0"
 __all__ = [
     "DivergenceMonitor",
     "DynamicsPredictor",
+    "FullyShardedStrategy",
     "HorizonBandit",
     "HybridConfig",
     "HybridDDPStrategy",

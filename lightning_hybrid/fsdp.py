@@ -9,6 +9,7 @@ so each rank writes its own copy next to the sharded checkpoint and reads it bac
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 from torch.nn import Module
+from typing_extensions import override
 
 from lightning_hybrid.strategy import HybridStrategyMixin
 
@@ -29,12 +31,14 @@ if TYPE_CHECKING:
 CALLBACK_STATE_FILE = "hybrid_callbacks_rank{rank}.pt"
 
 
-class HybridFSDPStrategy(HybridStrategyMixin, ModelParallelStrategy):
-    """Hybrid predictive training with fully sharded data parallelism (``strategy="hybrid_fsdp"``).
+class FullyShardedStrategy(ModelParallelStrategy):
+    """FSDP2 for an unchanged LightningModule (``strategy="plain_fsdp"``): the plain-Lightning parent of
+    :class:`HybridFSDPStrategy`, and the baseline the app and the harness compare it with.
 
-    The LightningModule stays unchanged: unless its ``configure_model`` already applied ``fully_shard``, the
-    strategy shards every module whose class is in ``auto_wrap_policy`` and then the whole model, over all ranks.
-    Checkpoints are sharded (a folder with one file per rank).
+    Unless the module's ``configure_model`` already applied ``fully_shard``, the strategy shards every module whose
+    class is in ``auto_wrap_policy`` and then the whole model, over all ranks (Lightning's
+    ``ModelParallelStrategy`` alone requires the module to shard itself). Checkpoints are sharded (a folder with
+    one file per rank).
 
     Args:
         auto_wrap_policy: module classes to shard as separate units (for example the transformer block), so only
@@ -43,8 +47,7 @@ class HybridFSDPStrategy(HybridStrategyMixin, ModelParallelStrategy):
         **kwargs: ``timeout``, as for :class:`~lightning.pytorch.strategies.ModelParallelStrategy`.
     """
 
-    strategy_name = "hybrid_fsdp"
-    sharded = True
+    strategy_name = "plain_fsdp"
 
     def __init__(
         self,
@@ -52,26 +55,28 @@ class HybridFSDPStrategy(HybridStrategyMixin, ModelParallelStrategy):
         process_group_backend: str | None = None,
         **kwargs: Any,
     ) -> None:
+        name = type(self).__name__
         if "save_distributed_checkpoint" in kwargs or "tensor_parallel_size" in kwargs:
             raise ValueError(
-                "HybridFSDPStrategy always saves sharded checkpoints and shards over all ranks: "
+                f"{name} always saves sharded checkpoints and shards over all ranks: "
                 "`save_distributed_checkpoint` and `tensor_parallel_size` cannot be set."
             )
         policy = set(auto_wrap_policy or ())
         bad = sorted(str(c) for c in policy if not (isinstance(c, type) and issubclass(c, Module)))
         if bad:
-            raise ValueError(f"HybridFSDPStrategy: auto_wrap_policy must hold torch.nn.Module classes, got {bad}")
+            raise ValueError(f"{name}: auto_wrap_policy must hold torch.nn.Module classes, got {bad}")
         super().__init__(process_group_backend=process_group_backend, **kwargs)
         self.auto_wrap_policy = policy
 
+    @override
     def setup_environment(self) -> None:
         self._data_parallel_size = self.num_nodes * self.num_processes  # pure data parallelism over every rank
         self._tensor_parallel_size = 1
         super().setup_environment()
 
+    @override
     def setup(self, trainer: pl.Trainer) -> None:
         """ModelParallelStrategy's setup, with the sharding done here when the module did not do it itself."""
-        self._require_scheduler(trainer)
         assert self.model is not None and self.accelerator is not None
         self.accelerator.setup(trainer)
         if not any(isinstance(p, DTensor) for p in self.model.parameters()):
@@ -95,13 +100,27 @@ class HybridFSDPStrategy(HybridStrategyMixin, ModelParallelStrategy):
                 fully_shard(module, mesh=mesh)
         fully_shard(model, mesh=mesh)
 
+
+class HybridFSDPStrategy(HybridStrategyMixin, FullyShardedStrategy):
+    """Hybrid predictive training with fully sharded data parallelism (``strategy="hybrid_fsdp"``).
+
+    Shards like :class:`FullyShardedStrategy` (same arguments); every rank predicts, checks and rolls back only
+    its own shards, and the hybrid callbacks' state is saved per rank beside the sharded checkpoint.
+    """
+
+    strategy_name = "hybrid_fsdp"
+    sharded = True
+
     # ---------------------------------------------------------------------- shard-aware hooks of the scheduler
+    @override
     def local_tensor(self, tensor: Tensor) -> Tensor:
         return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
+    @override
     def sum_across_ranks(self, tensor: Tensor) -> Tensor:
         return self.reduce(tensor.clone(), reduce_op="sum")
 
+    @override
     def parameters_changed(self) -> None:
         """Drop gathered copies of the parameters: after a forward without backward (a Predict step's check) FSDP
         keeps the root's gathered parameters, and the next forward would run on them, not on the updated shards."""
@@ -113,6 +132,7 @@ class HybridFSDPStrategy(HybridStrategyMixin, ModelParallelStrategy):
                 module.reshard()
 
     # ------------------------------------------------------------------------- per-rank state of the callbacks
+    @override
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
         callbacks = checkpoint.get("callbacks", {})
         super().save_checkpoint(checkpoint, filepath, storage_options)
@@ -120,6 +140,7 @@ class HybridFSDPStrategy(HybridStrategyMixin, ModelParallelStrategy):
         torch.save(callbacks, path / CALLBACK_STATE_FILE.format(rank=self.global_rank))
         self.barrier()
 
+    @override
     def load_checkpoint(self, checkpoint_path: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
         checkpoint = super().load_checkpoint(checkpoint_path, *args, **kwargs)
         own = Path(self.broadcast(checkpoint_path)) / CALLBACK_STATE_FILE.format(rank=self.global_rank)
@@ -128,5 +149,11 @@ class HybridFSDPStrategy(HybridStrategyMixin, ModelParallelStrategy):
                 f"Cannot resume the hybrid callbacks of rank {self.global_rank} from {checkpoint_path}: it has no "
                 f"{own.name}. Their state is per shard, so resume with the world size the checkpoint was saved with."
             )
-        checkpoint["callbacks"] = torch.load(own, map_location="cpu", weights_only=False)
+        try:  # tensors, numbers, strings and containers only: a tampered file's pickled objects are never run
+            checkpoint["callbacks"] = torch.load(own, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as err:
+            raise RuntimeError(
+                f"Refusing to load {own}: it holds objects other than tensors and plain data, which hybrid callback "
+                f"state never contains; the checkpoint folder may have been tampered with ({str(err).splitlines()[0]})"
+            ) from err
         return checkpoint

@@ -19,7 +19,7 @@ from lightning_hybrid.meter import RunMeter
 from lightning_hybrid.validation import check_choice
 
 MODES = ("train", "plain", "compare")
-PLAIN_STRATEGY = {"hybrid": "auto", "hybrid_ddp": "ddp"}  # each hybrid strategy's Lightning parent
+PLAIN_STRATEGY = {"hybrid": "auto", "hybrid_ddp": "ddp", "hybrid_fsdp": "plain_fsdp"}  # each one's plain parent
 
 
 @dataclass

@@ -1,5 +1,8 @@
-"""Hybrid strategies: Lightning's single-device and DDP strategies with the step dispatch routed through the
-:class:`~lightning_hybrid.callbacks.HybridScheduler`."""
+"""Hybrid strategies: Lightning's single-device and DDP strategies with the step dispatch routed through a
+:class:`~lightning_hybrid.engine.StepHandler` (the engine the ``HybridScheduler`` callback attaches in ``setup``).
+
+The strategy knows only that protocol; it also offers the engine the :class:`~lightning_hybrid.engine.Collectives`
+it needs (this rank's part of a tensor, sums over ranks, a notice after in-place changes)."""
 
 from __future__ import annotations
 
@@ -9,30 +12,32 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
-from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy, StrategyRegistry
+from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import Tensor
 from torch.optim import Optimizer
+from typing_extensions import override
+
+from lightning_hybrid.engine.interface import StepHandler
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
-
-    from lightning_hybrid.callbacks.scheduler import HybridScheduler
 
 
 class HybridStrategyMixin:
     """Overrides ``training_step``, ``backward`` and ``optimizer_step`` of a Lightning strategy.
 
-    Outside ``fit`` (``validate``, ``test``, ``predict``) and without an attached scheduler the strategy behaves
-    exactly like its Lightning parent.
+    Outside ``fit`` (``validate``, ``test``, ``predict``) and without an attached step handler the strategy
+    behaves exactly like its Lightning parent.
     """
 
-    _hybrid: HybridScheduler | None = None
+    _hybrid: StepHandler | None = None
     sharded = False  # whether each rank holds only shards of the parameters (FSDP)
 
-    def attach_scheduler(self, scheduler: HybridScheduler | None) -> None:
-        self._hybrid = scheduler
+    def attach_step_handler(self, handler: StepHandler | None) -> None:
+        """Route the steps of ``fit`` through ``handler`` (``None``: plain Lightning again)."""
+        self._hybrid = handler
 
     def local_tensor(self, tensor: Tensor) -> Tensor:
         """The part of a parameter (or gradient) this rank holds and updates."""
@@ -52,10 +57,12 @@ class HybridStrategyMixin:
                 "`callbacks=hybrid_callbacks()` (from lightning_hybrid) to the Trainer."
             )
 
+    @override
     def setup(self, trainer: pl.Trainer) -> None:
         self._require_scheduler(trainer)
         super().setup(trainer)
 
+    @override
     def load_checkpoint(self, checkpoint_path: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
         try:
             return super().load_checkpoint(checkpoint_path, *args, **kwargs)
@@ -67,11 +74,13 @@ class HybridStrategyMixin:
                 f"({type(err).__name__}: {str(err).splitlines()[0]})"
             ) from err
 
+    @override
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         if self._hybrid is not None and self._hybrid.predicting:
             return self._hybrid.predicted_training_step(partial(super().training_step, *args, **kwargs))
         return super().training_step(*args, **kwargs)
 
+    @override
     def backward(self, closure_loss: Tensor, optimizer: Optimizer | None, *args: Any, **kwargs: Any) -> Tensor:
         if self._hybrid is None:
             return super().backward(closure_loss, optimizer, *args, **kwargs)
@@ -80,6 +89,7 @@ class HybridStrategyMixin:
             return closure_loss  # no backward on predicted steps
         return super().backward(closure_loss, optimizer, *args, **kwargs)
 
+    @override
     def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any], model: Any = None, **kwargs: Any) -> Any:
         if self._hybrid is None:
             return super().optimizer_step(optimizer, closure, model, **kwargs)
@@ -105,11 +115,13 @@ class HybridPredictStrategy(HybridStrategyMixin, SingleDeviceStrategy):
         self.parallel_devices: list[torch.device] | None = None
 
     @property
+    @override
     def root_device(self) -> torch.device:
         if not self._device_given and self.parallel_devices:
             return torch.device(self.parallel_devices[0])
         return self._root_device
 
+    @override
     def setup(self, trainer: pl.Trainer) -> None:
         if not self._device_given and self.parallel_devices and len(self.parallel_devices) > 1:
             raise MisconfigurationException(
@@ -128,16 +140,3 @@ class HybridDDPStrategy(HybridStrategyMixin, DDPStrategy):
     """
 
     strategy_name = "hybrid_ddp"
-
-
-def register_strategies() -> None:
-    """Make ``strategy="hybrid"``, ``"hybrid_ddp"`` and ``"hybrid_fsdp"`` available to ``Trainer``."""
-    from lightning_hybrid.fsdp import HybridFSDPStrategy
-
-    for cls, description in (
-        (HybridPredictStrategy, "Hybrid predictive training on a single device"),
-        (HybridDDPStrategy, "Hybrid predictive training with DDP"),
-        (HybridFSDPStrategy, "Hybrid predictive training with FSDP2"),
-    ):
-        if cls.strategy_name not in StrategyRegistry:
-            StrategyRegistry.register(cls.strategy_name, cls, description=description)

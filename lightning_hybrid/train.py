@@ -5,11 +5,13 @@ lightning-hybrid-train predictor=rssm hybrid.max_predict_steps=20 trainer.max_st
 lightning-hybrid-train experiment=digits_cnn mode=compare       # plain vs hybrid, side by side
 lightning-hybrid-train -m hybrid.confidence_threshold=0.5,0.7,0.9
 lightning-hybrid-train model._target_=my_pkg.MyModule data._target_=my_pkg.MyData
+lightning-hybrid-train --config-dir my_configs experiment=mine  # your own groups beside the shipped ones
+
+The configs ship inside the package as ``lightning_hybrid.configs`` (the checkout's ``configs/`` folder, which an
+editable install reads in place), so a wheel install needs no checkout.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
@@ -17,18 +19,12 @@ from omegaconf import DictConfig
 from lightning_hybrid.runner import run
 from lightning_hybrid.schema import register_configs
 
-
-def config_dir() -> str:
-    """The configs shipped inside the package (wheel installs), else the repository's ``configs/``."""
-    here = Path(__file__).resolve().parent
-    packaged = here / "configs"
-    return str(packaged if packaged.is_dir() else here.parent / "configs")
-
+CONFIG_MODULE = "lightning_hybrid.configs"
 
 register_configs()
 
 
-@hydra.main(version_base="1.3", config_path=config_dir(), config_name="train")
+@hydra.main(version_base="1.3", config_path=f"pkg://{CONFIG_MODULE}", config_name="train")
 def main(cfg: DictConfig) -> float | None:
     return run(cfg)
 

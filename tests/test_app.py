@@ -9,7 +9,7 @@ from dataclasses import fields
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
+from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -17,7 +17,7 @@ from lightning_hybrid import HybridScheduler, hybrid_callbacks
 from lightning_hybrid.predictors import PREDICTORS
 from lightning_hybrid.runner import _build, run
 from lightning_hybrid.schema import PREDICTOR_SETTINGS, HybridSettings, setting_names
-from lightning_hybrid.train import config_dir
+from lightning_hybrid.train import CONFIG_MODULE
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 12
@@ -46,7 +46,7 @@ TINY = TRAINER + PHASES + SMALL_GPT
 
 
 def app_config(tmp_path, *overrides, base=TINY):
-    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+    with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
         return compose("train", overrides=[*base, f"paths.output_dir={tmp_path}", *overrides])
 
 
@@ -111,7 +111,7 @@ def test_a_wrong_key_or_type_fails_at_composition_naming_it(tmp_path, override, 
         ("hybrid.max_predict_steps=0", r"HybridConfig: `max_predict_steps` must be an integer >= 1, got 0"),
         ("predictor.decay=1.5", r"LinearPredictor: `decay` must be .*got 1.5"),
         ("mode=fast", r"`mode` must be one of 'compare', 'plain', 'train', got 'fast'"),
-        ("trainer.strategy=ddp", r"`strategy` must be one of 'hybrid', 'hybrid_ddp', got 'ddp'"),
+        ("trainer.strategy=ddp", r"`strategy` must be one of 'hybrid', 'hybrid_ddp', 'hybrid_fsdp', got 'ddp'"),
     ],
 )
 def test_an_out_of_range_value_fails_with_the_components_error_before_training(tmp_path, override, message):
@@ -131,7 +131,7 @@ def test_cli_overrides_reach_the_objects(tmp_path):
 
 
 def test_default_hybrid_config_matches_the_python_defaults(tmp_path):
-    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+    with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
         cfg = compose("train")
     callbacks = _build(cfg.hybrid, predictor=_build(cfg.predictor))
     scheduler = next(cb for cb in callbacks if isinstance(cb, HybridScheduler))

@@ -32,19 +32,25 @@ def _late_error(predictor, steps=600):
     return sum(errors[-100:]) / 100
 
 
-@pytest.mark.parametrize(
-    "predictor",
-    [
-        MLPPredictor(lr=1e-2, train_every=1, decay=0.5),
-        RSSMPredictor(train_every=1, decay=0.5, ensemble=2, window=8),
-    ],
-    ids=["mlp", "rssm"],
-)
-def test_a_learned_predictor_beats_the_constant_scale(predictor):
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_mlp_predictor_beats_the_constant_scale_for_every_seed(seed):
+    """Measured on this stream over seeds 0-4: 0.35-0.41 of the constant scale's error. The bound leaves room for
+    other CPUs' kernels, whose last bits change a learned model's trajectory."""
     baseline = _late_error(LinearPredictor(decay=0.5))
+    predictor = MLPPredictor(lr=1e-2, train_every=1, decay=0.5, seed=seed)
     learned = _late_error(predictor)
     assert predictor.train_steps > 50
-    assert learned < 0.8 * baseline, (learned, baseline)
+    assert learned < 0.6 * baseline, (learned, baseline)
+
+
+def test_the_rssm_predictor_trains_and_stays_finite():
+    """The RSSM does not reliably beat the constant scale on this stream: over seeds 0-4 its error was 0.75, 1.16,
+    1.11, 1.07 and 1.11 of the constant scale's (an earlier test that asserted 0.8 held for seed 0 alone, and not on
+    every CPU). What holds on every seed is asserted here; the README lists it as experimental."""
+    predictor = RSSMPredictor(train_every=1, decay=0.5, ensemble=2, window=8)
+    error = _late_error(predictor, steps=200)
+    assert predictor.train_steps > 50
+    assert math.isfinite(error) and error < 2.0
 
 
 @pytest.mark.parametrize("name", ["mlp", "rssm"])

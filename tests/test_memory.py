@@ -137,15 +137,16 @@ class PredictMemoryProbe(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, *args) -> None:
         scheduler = scheduler_of(trainer)
-        if scheduler.phase is not Phase.PREDICT or scheduler._segment_pos == 0:
+        if scheduler.phase is not Phase.PREDICT or scheduler.engine.machine.segment_pos == 0:
             return
         self.predicted_steps += 1
         assert all(p.grad is None for p in pl_module.parameters())
-        host = set(map(id, scheduler._offload._host.values()))
+        store = scheduler.engine.store
+        host = set(map(id, store.offload._host.values()))
         state = trainer.optimizers[0].state
         assert host and all(id(v) in host for s in state.values() for v in s.values())
         if scheduler.config.predict_memory == "aggressive":
-            assert scheduler._buffer == [] and scheduler._snapshot_on_host
+            assert store.buffer == [] and store.snapshot_on_host
 
 
 def _train(memory: str, probe: L.Callback | None = None):

@@ -8,6 +8,9 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from typing_extensions import override
+
+from lightning_hybrid.strategy import HybridStrategyMixin
 
 STATE_VERSION = 1  # layout of the hybrid callbacks' checkpointed state; raise it when the layout changes
 
@@ -29,9 +32,11 @@ class HybridComponent(Callback):
     def _load(self, state: dict[str, Any]) -> None:
         pass
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {"version": STATE_VERSION, **self._state()}
 
+    @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
         name = type(self).__name__
         version = state.get("version", 1)
@@ -62,9 +67,8 @@ class HybridComponent(Callback):
                 "written by a compatible lightning-hybrid, or it is damaged"
             ) from err
 
+    @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        from lightning_hybrid.strategy import HybridStrategyMixin
-
         if stage == "fit" and not isinstance(trainer.strategy, HybridStrategyMixin):
             raise MisconfigurationException(
                 f"{type(self).__name__} needs a hybrid strategy, but the Trainer uses "

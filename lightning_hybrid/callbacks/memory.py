@@ -91,9 +91,9 @@ class VRAMLogger(Callback):
         t = self.emergency_threshold
         self._threshold_bytes = None if t is None else int(t * _total_memory(device)) if isinstance(t, float) else t
 
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._scheduler is not None:
-            self._scheduler.summary_extras["memory_peak_bytes_by_phase"] = dict(self.phase_peaks)
+    def hybrid_summary(self) -> dict[str, Any]:
+        """What this logger adds to ``hybrid_summary.json`` (the scheduler asks every callback at the end of fit)."""
+        return {"memory_peak_bytes_by_phase": dict(self.phase_peaks)}
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, idx: int) -> None:
         self._phase = self._scheduler.phase.label if self._scheduler is not None else "plain"

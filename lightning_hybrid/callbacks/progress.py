@@ -6,17 +6,24 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.loggers.utilities import _version
+from typing_extensions import override
 
 from lightning_hybrid.callbacks.scheduler import find_scheduler
 
 
 class HybridProgressBar(TQDMProgressBar):
     """Adds ``phase`` (warmup, full, predict, correct) and ``skipped`` (share of backward passes replaced by
-    predictions so far) to the bar's metrics. Without a :class:`HybridScheduler` it is the plain TQDM bar, so one
-    config serves plain and hybrid runs. Takes :class:`TQDMProgressBar`'s arguments."""
+    predictions so far) to the bar's metrics, and shows a logger's string version whole (``v_num=hybrid``, where
+    Lightning cuts it to its last four characters, ``brid``). Without a :class:`HybridScheduler` it is the plain
+    TQDM bar, so one config serves plain and hybrid runs. Takes :class:`TQDMProgressBar`'s arguments."""
 
+    @override
     def get_metrics(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
         metrics = super().get_metrics(trainer, pl_module)
+        version = _version(trainer.loggers) if trainer.loggers else None
+        if isinstance(version, str) and "v_num" in metrics:
+            metrics["v_num"] = version
         scheduler = find_scheduler(trainer)
         if scheduler is not None:
             metrics["phase"] = scheduler.phase.label

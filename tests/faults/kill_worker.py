@@ -21,7 +21,8 @@ KILL_AFTER = 20  # the first Predict step past this one, with a predicted step a
 class KillMidPredict(L.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, idx) -> None:
         scheduler = scheduler_of(trainer)
-        if trainer.global_step > KILL_AFTER and scheduler.phase is Phase.PREDICT and scheduler._segment_pos > 0:
+        inside_segment = scheduler.phase is Phase.PREDICT and scheduler.engine.machine.segment_pos > 0
+        if trainer.global_step > KILL_AFTER and inside_segment:
             os.kill(os.getpid(), signal.SIGKILL)
 
 

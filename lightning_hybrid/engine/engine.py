@@ -1,0 +1,272 @@
+"""HybridEngine: one optimizer step at a time, through the parts that decide what the step does.
+
+A step flows through the files of this package in order: :mod:`~.policy` says whether it observes,
+:mod:`~.guard` reads and guards an ordinary step, :mod:`~.store` captures its update or applies a predicted one,
+:mod:`~.phases` moves the cycle on, and :mod:`~.record` counts and reports it. The engine owns no Lightning
+object: a hybrid strategy hands it the step (:class:`~.interface.StepHandler`), the ``HybridScheduler`` callback
+calls :meth:`begin_step`/:meth:`end_step` from Lightning's hooks and checkpoints :meth:`state_dict`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.optim import Optimizer
+
+from lightning_hybrid.config import HybridConfig
+from lightning_hybrid.engine.components import Components
+from lightning_hybrid.engine.guard import StepGuard
+from lightning_hybrid.engine.interface import Collectives
+from lightning_hybrid.engine.learning import Learning
+from lightning_hybrid.engine.phases import Due, PhaseMachine
+from lightning_hybrid.engine.policy import PredictionPolicy
+from lightning_hybrid.engine.record import RunRecord, StepRecord
+from lightning_hybrid.engine.segments import SegmentCycle
+from lightning_hybrid.engine.state import EngineState
+from lightning_hybrid.engine.store import ParameterStore
+from lightning_hybrid.phase import Phase
+from lightning_hybrid.predictors import Plan
+
+
+def _loss_of(output: Any) -> Tensor | None:
+    """The loss inside a ``training_step`` output (a tensor, a dict with ``"loss"``, or ``None``)."""
+    if isinstance(output, Mapping):
+        output = output.get("loss")
+    return output.detach().float() if isinstance(output, Tensor) else None
+
+
+class HybridEngine(Learning, SegmentCycle, EngineState):
+    """The Warmup → Full → Predict → Correct cycle over one optimizer, without a Trainer.
+
+    Build it with the config, :meth:`connect` the components, :meth:`bind` the optimizer, then per optimizer step
+    call :meth:`begin_step`, route the step through the :class:`~.interface.StepHandler` methods (or call the
+    optimizer's step between them), and :meth:`end_step`.
+    """
+
+    def __init__(self, config: HybridConfig) -> None:
+        self.config = config
+        self.machine = PhaseMachine(
+            config.warmup_steps, config.full_steps, config.correction_steps, config.max_predict_steps
+        )
+        self.policy = PredictionPolicy(config)
+        self.record = RunRecord()
+        self.step = StepRecord(phase=self.machine.phase)
+        self.parts: Components | None = None
+        self.store: ParameterStore | None = None
+        self.guard_: StepGuard | None = None
+        self.collectives: Collectives | None = None
+        self.plan: Plan | None = None
+        self.lr_ref: list[float] = []
+        self.automatic = True
+        self.global_step = 0
+        self.world_size = 1
+        self._pending_snapshot: list[Tensor] | None = None  # from a checkpoint, until the store exists
+
+    # -- wiring --------------------------------------------------------------------------------------------------
+    def connect(self, parts: Components) -> None:
+        self.parts = parts
+
+    def bind(
+        self,
+        optimizer: Optimizer,
+        collectives: Collectives,
+        *,
+        automatic: bool = True,
+        scaler: Any = None,
+        global_step: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        """Training starts: take this optimizer's trainable parameters and set the predictor up on them."""
+        self.store = ParameterStore(optimizer, collectives.local_tensor, self.config.predict_memory)
+        if self._pending_snapshot is not None:
+            self.store.load_snapshot(self._pending_snapshot)
+            self._pending_snapshot = None
+        self.collectives = collectives
+        self.guard_ = StepGuard(collectives, scaler)
+        parts = self.parts
+        parts.predictor.sum_across_ranks = collectives.sum_across_ranks
+        parts.predictor.setup(self.store.groups, parts.encoder.dim)
+        if parts.bandit is not None:
+            parts.bandit.setup_arms(self.config.max_predict_steps, parts.encoder.dim)
+        lrs = self.store.lrs()
+        if not self.lr_ref:
+            self.lr_ref = lrs
+        self.policy.start(lrs)
+        self.automatic = automatic
+        self.global_step, self.world_size = global_step, world_size
+        self.record.start_clock()
+        self.step = StepRecord(phase=self.machine.phase)
+
+    def unbind(self) -> None:
+        if self.store is not None:
+            self.store.close()
+        self.store = self.guard_ = self.collectives = None
+
+    @property
+    def phase(self) -> Phase:
+        return self.machine.phase
+
+    @property
+    def predicting(self) -> bool:
+        return self.machine.predicting
+
+    @property
+    def snapshot_alive(self) -> bool:
+        return self.store.snapshot_alive if self.store is not None else self._pending_snapshot is not None
+
+    # -- one step ------------------------------------------------------------------------------------------------
+    def begin_step(self) -> None:
+        phase = self.machine.phase
+        backed_off = phase.ordinary and self.policy.backed_off(self.global_step, self.store.lrs())
+        capture = phase.ordinary and not self.store.snapshot_alive and not backed_off
+        self.step = StepRecord(phase=phase, started=time.perf_counter(), backed_off=backed_off, capture=capture)
+
+    def before_optimizer_step(self) -> None:
+        if self.step.capture:
+            self.store.before_update()
+
+    def after_optimizer_step(self) -> None:
+        if self.step.capture:
+            self.store.after_update()
+            self.step.delta_ready = True
+
+    def end_step(self, global_step: int) -> float:
+        """The optimizer has stepped: learn from the step and move the cycle on. Returns the loss the predictor
+        expected for this step (``nan`` where it had none), for the step's scalars."""
+        self.global_step = global_step
+        self.policy.track_peak(self.store.lrs())
+        step = self.step
+        seconds = time.perf_counter() - step.started
+        self.record.count_step(step, seconds)
+        predicted_loss = step.predicted_loss
+        step.error = math.nan
+        if step.phase.ordinary and not step.skipped and math.isfinite(step.loss):
+            predicted_loss = self._observe(global_step, step.phase)
+        self._record_bandit_step(seconds)
+        self._advance()
+        return predicted_loss
+
+    def _advance(self) -> None:
+        horizon = self.plan.horizon if self.plan is not None else 0
+        due = self.machine.step_done(self.step.phase, self.step.backed_off, horizon)
+        if due is Due.CYCLE_END and not self._try_start_segment():
+            self.policy.decline(self.global_step)
+        elif due is Due.SEGMENT_END:
+            self.store.restore_optimizer_state()
+        elif due is Due.CORRECTION_END and self.parts.bandit is not None:
+            self.parts.bandit.finish()
+
+    # -- StepHandler: what the strategy routes through the engine --------------------------------------------------
+    def predicted_training_step(self, run: Callable[[], Any]) -> Any:
+        """``training_step`` during Predict: a ``no_grad`` forward when one is due, otherwise none at all."""
+        if self.automatic and not self.step.forward_now:
+            # Lightning needs a tensor (``None`` is refused under DDP): hand it the predicted loss.
+            return torch.tensor(self.plan.loss[self.machine.segment_pos], device=self.collectives.root_device)
+        with torch.no_grad(), self._predict_autocast():
+            output = run()
+        if self.automatic:
+            self.step.forward_loss = _loss_of(output)
+        return output
+
+    def _predict_autocast(self) -> Any:
+        if self.config.predict_precision == "bf16":
+            return torch.autocast(self.collectives.root_device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def record_loss(self, loss: Tensor) -> None:
+        """Loss passed to ``backward`` (summed over accumulated micro-batches)."""
+        loss, step = loss.detach().float(), self.step
+        if self.predicting:
+            if not self.automatic:  # automatic Predict steps record their loss in `predicted_training_step`
+                step.forward_loss = loss if step.forward_loss is None else step.forward_loss + loss
+        else:
+            step.loss_sum = loss if step.loss_sum is None else step.loss_sum + loss
+            self.record.counters.backward_passes += 1
+
+    def guard(self, optimizer: Optimizer, closure: Callable[[], Any]) -> Callable[[], Any]:
+        """Wrap an ordinary step's closure so a non-finite loss or gradient never reaches the weights."""
+
+        def guarded() -> Any:
+            output = closure()
+            self.store.wait_for_optimizer_state()  # copied back after a segment: the update reads it next
+            self._check_ordinary_step(optimizer)
+            return output
+
+        return guarded
+
+    def predict_step(self, closure: Callable[[], Any]) -> Any:
+        """One predicted optimizer step: optional forward check, then the predicted update in place."""
+        h, step = self.machine.segment_pos, self.step
+        step.predicted_loss = self.plan.loss[h]
+        step.band = self.plan.loss_upper[h] - self.plan.loss[h]
+        every = self.config.predict_forward_every
+        step.forward_now = every > 0 and h > 0 and h % every == 0
+        try:
+            with torch.no_grad():
+                output = closure()
+        finally:
+            step.forward_now = False
+        if step.forward_loss is not None:
+            step.loss = self.guard_.mean_over_ranks([step.forward_loss])[0]
+            reason = self.parts.monitor.check(step.loss, self.plan.loss_upper[h])
+            if reason is not None:
+                self.rollback(reason)
+                return output
+            self.plan = self.parts.corrector.reanchor(self.plan, h, step.loss)
+        self._apply_prediction(h)
+        self.machine.segment_pos += 1
+        return output
+
+    def _check_ordinary_step(self, optimizer: Optimizer) -> None:
+        step = self.step
+        reading = self.guard_.read(self.store.owners, step.loss_sum)
+        if reading is None:
+            step.skipped = True  # the user's training_step skipped this batch
+            return
+        step.loss, step.grad_norm = reading.loss, reading.grad_norm
+        if self.store.snapshot_alive:  # first Correct step: the loss at the segment's final weights verifies it
+            reason = self.parts.monitor.check(reading.loss if reading.finite else math.nan, self.plan.loss_upper[-1])
+            if reason is not None:
+                self._skip(optimizer, reading)
+                self.rollback(reason)
+                return
+            self.accept_segment()
+        if not reading.finite:
+            self._skip(optimizer, reading)
+            self.record.counters.nonfinite_steps_skipped += 1
+        elif self.parts.monitor.gradient_outlier(reading.grad_norm):
+            self._skip(optimizer, reading)
+            self.record.counters.outlier_steps_skipped += 1
+
+    def _skip(self, optimizer: Optimizer, reading: Any) -> None:
+        self.step.skipped = True
+        self.guard_.skip(optimizer, reading.grads)
+
+    # -- reporting and state -------------------------------------------------------------------------------------
+    def metrics(self, predicted_loss: float) -> dict[str, float]:
+        """The ``hybrid/*`` scalars of the step just ended."""
+        parts = self.parts
+        view = {"confidence": parts.predictor.confidence(), "uncertainty": parts.predictor.uncertainty()}
+        if parts.bandit is not None:
+            view["bandit_arm"] = float(self.record.bandit_arm)
+        horizon = self.plan.horizon if self.plan is not None else 0
+        return self.record.metrics(self.step, predicted_loss, horizon, view)
+
+    def summary(self) -> dict[str, Any]:
+        """Whole-run numbers, as written to ``hybrid_summary.json``."""
+        parts = self.parts
+        out = self.record.summary()
+        out["rollback_reasons"] = {**parts.monitor.events, "invalid_plan": self.record.counters.invalid_plans}
+        out["prediction_disabled"] = self.policy.prediction_off
+        out["predictor"] = parts.predictor.name
+        if parts.bandit is not None:
+            out["arm_counts"] = {str(arm): n for arm, n in zip(parts.bandit.arms, parts.bandit.counts)}
+        out["final_confidence"] = parts.predictor.confidence()
+        out["config"] = self.config.to_dict()
+        return out

@@ -1,0 +1,75 @@
+"""The two small contracts between Lightning and the engine, defined below both so neither imports the other.
+
+A hybrid strategy hands each training step to a :class:`StepHandler`; the engine asks the strategy for the
+collective and shard operations of :class:`Collectives`. The strategy knows only these protocols, the callbacks know
+the strategy, and the engine knows neither.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+from torch.optim import Optimizer
+
+
+@runtime_checkable
+class StepHandler(Protocol):
+    """What a hybrid strategy routes ``training_step``, ``backward`` and ``optimizer_step`` through."""
+
+    @property
+    def predicting(self) -> bool:
+        """Whether the current step is a predicted one: no backward pass, the update comes from the predictor."""
+
+    def predicted_training_step(self, run: Callable[[], Any]) -> Any:
+        """``training_step`` of a predicted step; ``run`` calls the module's own ``training_step``."""
+
+    def record_loss(self, loss: Tensor) -> None:
+        """The loss handed to ``backward`` (called on predicted steps too, where no backward follows)."""
+
+    def guard(self, optimizer: Optimizer, closure: Callable[[], Any]) -> Callable[[], Any]:
+        """Wrap an ordinary step's closure with the checks that may turn its update into a no-op."""
+
+    def predict_step(self, closure: Callable[[], Any]) -> Any:
+        """Replace ``optimizer.step`` on a predicted step."""
+
+
+@runtime_checkable
+class Collectives(Protocol):
+    """What the engine needs from the strategy to work on this rank's part of the parameters."""
+
+    @property
+    def root_device(self) -> torch.device: ...
+
+    def local_tensor(self, tensor: Tensor) -> Tensor:
+        """The part of a parameter (or gradient) this rank holds and updates."""
+
+    def sum_across_ranks(self, tensor: Tensor) -> Tensor:
+        """Sum a statistic of local tensors over the ranks (identity where parameters are replicated)."""
+
+    def reduce(self, tensor: Tensor, group: Any = None, reduce_op: str | None = "mean") -> Tensor:
+        """Lightning's ``Strategy.reduce``."""
+
+    def parameters_changed(self) -> None:
+        """The engine changed parameters in place outside an optimizer step."""
+
+
+class LocalCollectives:
+    """:class:`Collectives` of a single process: what the engine uses when it runs without a Trainer."""
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.root_device = torch.device(device)
+
+    def local_tensor(self, tensor: Tensor) -> Tensor:
+        return tensor
+
+    def sum_across_ranks(self, tensor: Tensor) -> Tensor:
+        return tensor
+
+    def reduce(self, tensor: Tensor, group: Any = None, reduce_op: str | None = "mean") -> Tensor:
+        return tensor
+
+    def parameters_changed(self) -> None:
+        pass

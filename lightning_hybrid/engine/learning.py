@@ -1,0 +1,51 @@
+"""How ordinary steps teach the components: the monitor's reference statistics, the predictor's observations and
+prediction errors, the corrector's residuals, the encoder's features and the bandit's costs. The part of
+:class:`~.engine.HybridEngine` that reads a finished ordinary step."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from lightning_hybrid.phase import Phase
+
+
+class Learning:
+    """Observation of finished steps; mixed into :class:`~.engine.HybridEngine`."""
+
+    def _observe(self, global_step: int, phase: Phase) -> float:
+        """Feed an ordinary step to the monitor, predictor, corrector and encoder; return the predicted loss."""
+        step, parts = self.step, self.parts
+        loss, encoder = step.loss, parts.encoder
+        if phase is not Phase.CORRECT:
+            parts.monitor.observe(loss, step.grad_norm)
+        deltas = self.store.buffer_groups if step.delta_ready else None
+        features = encoder.features() if deltas is not None else None  # the state before this step
+        stats = parts.predictor.observe(global_step, loss, deltas, features)
+        lrs = self.store.lrs()
+        self.lr_ref = lrs
+        if stats is None:
+            if step.backed_off:  # the features are refreshed when observation resumes, before any segment
+                encoder.observe_loss(global_step, loss, step.grad_norm)
+            else:
+                encoder.observe(global_step, loss, step.grad_norm, lrs)
+            return math.nan
+        factors, _ = parts.corrector.correction(features, global_step, len(self.store.groups))
+        step.error = stats.scaled(factors).relative_error  # the error of the corrected prediction
+        self.record.add_error(step.error)
+        if phase is Phase.CORRECT:
+            parts.corrector.observe(global_step, stats, features)
+        encoder.observe(
+            global_step, loss, step.grad_norm, lrs, stats.actual_sq, step.error, loss - stats.predicted_loss
+        )
+        return stats.predicted_loss
+
+    def _record_bandit_step(self, seconds: float) -> None:
+        bandit, step = self.parts.bandit, self.step
+        if bandit is None:
+            return
+        if bandit.cost == "wall" and self.world_size > 1:  # every rank must see the same costs
+            seconds = self.guard_.mean_over_ranks([torch.tensor(seconds)])[0]
+        loss = step.loss if step.phase.ordinary and not step.skipped else None
+        bandit.record_step(step.phase is Phase.PREDICT, seconds, loss, correcting=step.phase is Phase.CORRECT)

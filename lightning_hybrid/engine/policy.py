@@ -1,0 +1,67 @@
+"""When prediction is allowed at all: the back-off after declined cycles, the learning-rate gate, and the switch
+that turns prediction off after repeated failures. Plain Python: every rule is unit-testable without a Trainer."""
+
+from __future__ import annotations
+
+from lightning_hybrid.config import HybridConfig
+
+
+class PredictionPolicy:
+    """Decides whether ordinary steps observe (capture updates, train the predictor) or are backed off.
+
+    Back-off: after ``backoff_after`` Full cycles in a row end without a segment, observation pauses for
+    ``full_steps`` steps; each further declined cycle (until a segment is accepted) starts a pause twice as long, up
+    to 32 times. The gate: observation waits until every group's learning rate has decayed to
+    ``predict_lr_fraction`` of its peak. After ``max_consecutive_rollbacks`` failed segments in a row, prediction is
+    off for the rest of the run.
+    """
+
+    def __init__(self, config: HybridConfig) -> None:
+        self.config = config
+        self.declined = 0  # Full cycles in a row that ended without a segment
+        self.backoffs = 0  # back-offs since the last accepted segment; each doubles the pause
+        self.backoff_until = 0  # no update capture before this global step
+        self.lr_peak: list[float] = []  # each group's highest learning rate so far
+        self.consecutive_failures = 0
+        self.prediction_off = False
+
+    def backed_off(self, global_step: int, lrs: list[float]) -> bool:
+        """Whether an ordinary step starting now skips update capture and predictor training."""
+        cfg = self.config
+        if not cfg.enable_prediction or self.prediction_off or global_step < self.backoff_until:
+            return True
+        limit = cfg.predict_lr_fraction
+        return limit < 1.0 and any(lr > limit * peak for lr, peak in zip(lrs, self.lr_peak))
+
+    def start(self, lrs: list[float]) -> None:
+        """Training (re)starts: the learning rates now are the first peak, unless a checkpoint restored one."""
+        if not self.lr_peak:
+            self.lr_peak = list(lrs)
+
+    def track_peak(self, lrs: list[float]) -> None:
+        self.lr_peak = [max(peak, lr) for peak, lr in zip(self.lr_peak, lrs)]
+
+    def decline(self, global_step: int) -> None:
+        """A Full cycle ended without a segment. Once backed off (and until a segment is accepted), the first
+        declined cycle after a pause starts the next, longer one: the predictor has shown it earns no confidence."""
+        self.declined += 1
+        after = self.config.backoff_after
+        if after and (self.declined >= after or self.backoffs > 0):
+            self.backoff_until = global_step + self.config.full_steps * 2 ** min(self.backoffs, 5)
+            self.backoffs += 1
+            self.declined = 0
+
+    def segment_started(self) -> None:
+        self.declined = 0
+
+    def segment_accepted(self) -> None:
+        self.consecutive_failures = 0
+        self.backoffs = 0
+
+    def segment_failed(self) -> bool:
+        """Count a failed segment; ``True`` when this failure switches prediction off."""
+        self.consecutive_failures += 1
+        if self.consecutive_failures >= self.config.max_consecutive_rollbacks and not self.prediction_off:
+            self.prediction_off = True
+            return True
+        return False

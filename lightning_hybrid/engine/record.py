@@ -1,0 +1,116 @@
+"""The run record: what one step measured, the whole-run counters and clock, the per-step scalars for the loggers
+and the summary written to ``hybrid_summary.json``."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import Tensor
+
+from lightning_hybrid.phase import Phase
+from lightning_hybrid.summary import RunCounters
+
+
+@dataclass
+class StepRecord:
+    """What the engine learns during one optimizer step (all micro-batches of an accumulated step)."""
+
+    phase: Phase = Phase.WARMUP  # the phase the step started in
+    started: float = 0.0  # perf_counter at its start
+    backed_off: bool = False
+    capture: bool = False  # the optimizer's update is captured into the store's buffer
+    delta_ready: bool = False
+    skipped: bool = False  # the update did not reach the weights
+    loss_sum: Tensor | None = None  # losses passed to backward, summed over micro-batches
+    forward_loss: Tensor | None = None  # a predicted step's forward check
+    forward_now: bool = False
+    loss: float = math.nan
+    predicted_loss: float = math.nan
+    band: float = math.nan  # half-width of the predicted loss's band, on predicted steps
+    error: float = math.nan
+    grad_norm: float = math.nan
+
+
+@dataclass
+class RunRecord:
+    """Counters, prediction errors and the training clock of a run; restored from checkpoints so a resumed run
+    reports whole-run totals."""
+
+    counters: RunCounters = field(default_factory=RunCounters)
+    errors: dict[str, float] = field(default_factory=lambda: {"sum": 0.0, "count": 0})
+    factors: list[float] = field(default_factory=list)  # the last plan's correction factors
+    bandit_arm: int = 0  # the horizon the bandit chose last
+    wall_base: float = 0.0
+    wall_t0: float = 0.0
+
+    def start_clock(self) -> None:
+        self.wall_t0 = time.perf_counter()
+
+    def stop_clock(self) -> None:
+        self.wall_base, self.wall_t0 = self.wall_time(), 0.0
+
+    def wall_time(self) -> float:
+        return self.wall_base + (time.perf_counter() - self.wall_t0 if self.wall_t0 else 0.0)
+
+    def add_error(self, error: float) -> None:
+        self.errors["sum"] += error
+        self.errors["count"] += 1
+
+    def count_step(self, step: StepRecord, seconds: float) -> None:
+        label = step.phase.label
+        self.counters.steps_by_phase[label] += 1
+        self.counters.time_by_phase_s[label] += seconds
+        if step.backed_off:
+            self.counters.backed_off_steps += 1
+
+    def metrics(self, step: StepRecord, predicted_loss: float, horizon: int, engine_view: dict[str, float]) -> dict:
+        """The ``hybrid/*`` scalars of a finished step. ``engine_view`` adds the predictor's confidence and
+        uncertainty (and the bandit's arm). The band has zero width on ordinary steps, where the one-step
+        prediction carries no bound, so the value, lower and upper curves always share their steps."""
+        metrics = {
+            "hybrid/phase": float(step.phase),
+            "hybrid/confidence": engine_view["confidence"],
+            "hybrid/horizon": float(horizon if step.phase is Phase.PREDICT else 0),
+            "hybrid/rollbacks": float(self.counters.rollbacks),
+            "hybrid/backward_skipped_pct": self.counters.backward_skipped_pct,
+        }
+        if math.isfinite(step.loss):
+            metrics["hybrid/loss"] = step.loss
+        if math.isfinite(predicted_loss):
+            band = step.band if math.isfinite(step.band) else 0.0
+            metrics["hybrid/loss_predicted"] = predicted_loss
+            metrics["hybrid/loss_predicted_lower"] = predicted_loss - band
+            metrics["hybrid/loss_predicted_upper"] = predicted_loss + band
+        if math.isfinite(step.error):
+            metrics["hybrid/prediction_error"] = step.error
+        metrics["hybrid/correction_magnitude"] = max((abs(math.log(f)) for f in self.factors), default=0.0)
+        metrics["hybrid/uncertainty"] = engine_view["uncertainty"]
+        if "bandit_arm" in engine_view:
+            metrics["hybrid/bandit_arm"] = engine_view["bandit_arm"]
+        return metrics
+
+    def summary(self) -> dict[str, Any]:
+        out = self.counters.summary()
+        out["wall_time_s"] = round(self.wall_time(), 4)  # training start to end, validation included
+        count = self.errors["count"]
+        out["mean_prediction_error"] = self.errors["sum"] / count if count else None
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "counters": self.counters.to_dict(),
+            "factors": list(self.factors),
+            "bandit_arm": self.bandit_arm,
+            "errors": dict(self.errors),
+            "wall_time_s": self.wall_time(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.counters = RunCounters()
+        self.counters.load(state["counters"])
+        self.factors, self.bandit_arm = list(state["factors"]), int(state["bandit_arm"])
+        self.errors = dict(state["errors"])
+        self.wall_base, self.wall_t0 = float(state["wall_time_s"]), 0.0

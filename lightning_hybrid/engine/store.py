@@ -1,0 +1,127 @@
+"""The parameter store: this rank's trainable tensors by optimizer group, the one parameter-sized buffer that holds
+either the last ordinary update or a segment's rollback snapshot, and what ``predict_memory`` moves off the device
+while a segment runs. Every operation is one fused ``torch._foreach_*`` call over the tensor lists."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+from torch.optim import Optimizer
+
+from lightning_hybrid.offload import OptimizerStateOffload, host_like
+
+
+def copy_(dst: list[Tensor], src: Sequence[Tensor]) -> None:
+    with torch.no_grad():
+        torch._foreach_copy_(dst, list(src))
+
+
+class ParameterStore:
+    """Holds the flat views of the parameters the engine predicts, and their capture/snapshot buffer.
+
+    Args:
+        optimizer: the run's single optimizer; its trainable parameters, by group, are what is predicted.
+        local: maps a parameter to the part this rank holds (identity unless sharded).
+        predict_memory: ``"none"``, ``"offload"`` or ``"aggressive"`` (see :class:`~lightning_hybrid.HybridConfig`).
+    """
+
+    def __init__(self, optimizer: Optimizer, local: Callable[[Tensor], Tensor], predict_memory: str = "none") -> None:
+        groups = [[p for p in group["params"] if p.requires_grad] for group in optimizer.param_groups]
+        self.group_index = [i for i, group in enumerate(groups) if group]
+        if not self.group_index:
+            raise ValueError("The optimizer holds no trainable parameters; hybrid training needs at least one.")
+        self.optimizer = optimizer
+        self.predict_memory = predict_memory
+        self.owners = [p for i in self.group_index for p in groups[i]]  # the parameters, holding `.grad`
+        self.groups = [[local(p) for p in groups[i]] for i in self.group_index]  # under FSDP, this rank's shards
+        self.params = [p for group in self.groups for p in group]
+        self.offload = OptimizerStateOffload(optimizer) if predict_memory != "none" else None
+        self.snapshot_alive = False  # a segment's start is held, awaiting its verdict
+        self.snapshot_on_host = False
+        self.host_snapshot: list[Tensor] = []  # predict_memory="aggressive": the rollback snapshot, on the host
+        self.buffer: list[Tensor] = []
+        self.buffer_groups: list[list[Tensor]] = []
+        self._allocate_buffer()
+
+    def lrs(self) -> list[float]:
+        groups = self.optimizer.param_groups
+        return [float(groups[i]["lr"]) for i in self.group_index]
+
+    def _allocate_buffer(self) -> None:
+        self.buffer = [torch.empty_like(p) for p in self.params]
+        sizes = [len(group) for group in self.groups]
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        self.buffer_groups = [self.buffer[s : s + n] for s, n in zip(starts, sizes)]
+
+    # -- capture: the buffer holds an ordinary step's update, new - old ------------------------------------------
+    def before_update(self) -> None:
+        copy_(self.buffer, self.params)
+
+    def after_update(self) -> None:
+        with torch.no_grad():
+            torch._foreach_sub_(self.buffer, self.params)
+            torch._foreach_neg_(self.buffer)
+
+    # -- prediction ----------------------------------------------------------------------------------------------
+    def add(self, directions: Sequence[Sequence[Tensor]], alphas: list[float]) -> None:
+        """Add ``alphas[g]`` times each group's direction to its parameters, in place."""
+        with torch.no_grad():
+            for params, dirs, alpha in zip(self.groups, directions, alphas):
+                if alpha != 0.0:
+                    torch._foreach_add_(params, list(dirs), alpha=alpha)
+
+    # -- snapshot and rollback -----------------------------------------------------------------------------------
+    def take_snapshot(self) -> None:
+        """A segment starts: hold the weights, and free what Predict does not need (``predict_memory``)."""
+        if self.predict_memory == "aggressive":
+            if not self.host_snapshot:
+                self.host_snapshot = [host_like(p) for p in self.params]
+            copy_(self.host_snapshot, self.params)
+            self.snapshot_on_host = True
+            self.buffer, self.buffer_groups = [], []
+        else:
+            copy_(self.buffer, self.params)
+        if self.offload is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+            self.offload.offload()
+        self.snapshot_alive = True
+
+    def restore_optimizer_state(self) -> None:
+        """Predicted steps are over: bring the optimizer state back in time for the next update."""
+        if self.offload is not None:
+            self.offload.restore()
+
+    def wait_for_optimizer_state(self) -> None:
+        if self.offload is not None:
+            self.offload.wait()
+
+    def rollback(self) -> None:
+        self.restore_optimizer_state()  # a no-op unless a segment's optimizer state is still offloaded
+        copy_(self.params, self.host_snapshot if self.snapshot_on_host else self.buffer)
+        self.release_snapshot()
+
+    def release_snapshot(self) -> None:
+        self.snapshot_alive = False
+        if self.snapshot_on_host:
+            self.snapshot_on_host = False
+            self._allocate_buffer()
+
+    def snapshot(self) -> list[Tensor] | None:
+        """A host copy of the held snapshot, for a checkpoint; ``None`` when none is held."""
+        if not self.snapshot_alive:
+            return None
+        held = self.host_snapshot if self.snapshot_on_host else self.buffer
+        return [t.detach().to("cpu", copy=True) for t in held]
+
+    def load_snapshot(self, snapshot: list[Tensor]) -> None:
+        """Hold a snapshot restored from a checkpoint (a segment was running when it was saved)."""
+        copy_(self.buffer, [t.to(b.device) for t, b in zip(snapshot, self.buffer)])
+        self.snapshot_alive = True
+
+    def close(self) -> None:
+        """End of fit: a fit that ended inside a segment leaves the optimizer state on its device."""
+        if self.offload is not None:
+            self.offload.restore()
+            self.offload.wait()
