@@ -16,7 +16,7 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
-from lightning_hybrid.callbacks import HOST_SETTINGS, SETTING_OWNERS, DynamicsPredictor, hybrid_callbacks
+from lightning_hybrid.callbacks import SETTING_OWNERS, hybrid_callbacks, settings_of
 from lightning_hybrid.predictors import PREDICTORS, init_chain
 
 _SIMPLE = (int, float, bool, str)
@@ -70,10 +70,13 @@ def hybrid_arguments() -> list[tuple[str, Any, Any]]:
     """Every setting ``hybrid_callbacks`` accepts except the predictor: the phase settings, ``bandit`` and the
     settings of the engine's components."""
     explicit = [arg for arg in _arguments(hybrid_callbacks) if arg[0] != "predictor"]
-    names = {arg[0] for arg in explicit}
-    rest = [arg for cls in SETTING_OWNERS.values() for arg in _arguments(cls.__init__) if arg[0] not in names]
-    rest += [arg for arg in _arguments(DynamicsPredictor.__init__) if arg[0] in HOST_SETTINGS]
-    return explicit + rest
+    owned = [
+        arg
+        for cls in SETTING_OWNERS.values()
+        for arg in _arguments(cls.__init__)
+        if arg[0] in settings_of(cls.__init__)
+    ]
+    return explicit + owned
 
 
 HybridSettings = _schema("HybridSettings", "lightning_hybrid.hybrid_callbacks", hybrid_arguments())

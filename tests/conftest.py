@@ -7,6 +7,11 @@ import torch
 os.environ.setdefault("PYTHONHASHSEED", "0")
 
 
+def pytest_report_header() -> str:
+    """Which CPU kernels torch runs: a numeric threshold that holds on one instruction set may not on another."""
+    return f"torch {torch.__version__}, cpu capability {torch.backends.cpu.get_cpu_capability()}"
+
+
 @pytest.fixture(autouse=True)
 def _in_a_temporary_directory(tmp_path, monkeypatch):
     """Trainers without a logger or root dir write to the working directory; keep that out of the checkout."""

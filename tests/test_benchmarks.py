@@ -47,6 +47,7 @@ def _run_quick(tmp_path, *overrides):
     return json.loads((out / "char_gpt_quick_t.json").read_text()), out
 
 
+@pytest.mark.slow
 def test_quick_harness_end_to_end(tmp_path):
     result, out = _run_quick(
         tmp_path, "hybrid.warmup_steps=10", "hybrid.confidence_threshold=0.0", "hybrid.predict_lr_fraction=1.0"
@@ -77,6 +78,7 @@ def test_quick_harness_end_to_end(tmp_path):
     assert (out / "char_gpt_quick_t.png").stat().st_size > 10_000
 
 
+@pytest.mark.slow
 def test_without_prediction_hybrid_matches_plain_bitwise_at_equal_steps(tmp_path):
     """Same module, seed and batch order: with prediction off the two runs' losses must be identical, which is
     what makes the harness's comparison a fair one. ``--threads`` sets torch's threads for both runs."""
@@ -98,6 +100,7 @@ def test_harness_refuses_counts_below_one(flag, value, capsys):
     assert f"{flag} must be at least 1, got 0" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_quick_overheads_time_every_component(tmp_path):
     from benchmarks.overheads import COMPONENTS
     from benchmarks.overheads import main as overheads
@@ -137,12 +140,12 @@ def test_gpt2_sized_task_has_gpt2_small_shape(tmp_path):
 
 
 @pytest.mark.parametrize("folder", ["cpu", "cpu_1thread"])
-def test_readme_table_is_the_one_the_harness_made_from_the_committed_results(folder, tmp_path):
+def test_the_performance_record_shows_the_table_the_harness_made_from_the_committed_results(folder, tmp_path):
     results = ROOT / "benchmarks" / "results" / folder
     for path in results.glob("*.json"):
         shutil.copy(path, tmp_path)
     table = write_table(tmp_path)
     assert table == (results / "table.md").read_text()
     rows = [line for line in table.splitlines() if line.startswith("| ")]
-    readme = (ROOT / "README.md").read_text()
-    assert len(rows) >= 2 and all(row in readme for row in rows)  # the header and at least one result
+    record = (ROOT / "docs" / "performance.md").read_text()
+    assert len(rows) >= 2 and all(row in record for row in rows)  # the header and at least one result

@@ -12,6 +12,7 @@ from lightning_hybrid import Phase
 from tests.helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # every test here launches two processes
 
 
 def run_ranks(

@@ -8,6 +8,7 @@ from lightning_hybrid import DivergenceMonitor, HybridConfig, Phase, ResidualCor
 from lightning_hybrid.encoder import StateEncoder
 from lightning_hybrid.engine import Components, Due, HybridEngine, LocalCollectives, PhaseMachine, PredictionPolicy
 from lightning_hybrid.predictors import LinearPredictor
+from tests.helpers import FAST_PHASES
 
 # ------------------------------------------------------------------------------------------------ PhaseMachine
 
@@ -142,16 +143,7 @@ def plain_torch_run(config: HybridConfig, steps: int, predictor=None):
 
 
 def test_the_engine_runs_every_phase_without_a_trainer():
-    config = HybridConfig(
-        warmup_steps=3,
-        full_steps=5,
-        max_predict_steps=4,
-        confidence_threshold=0.0,
-        correction_steps=2,
-        predict_lr_fraction=1.0,
-        predict_forward_every=0,
-    )
-    engine, backward, trace = plain_torch_run(config, 40)
+    engine, backward, trace = plain_torch_run(HybridConfig(**FAST_PHASES, predict_forward_every=0), 40)
     counters = engine.record.counters
     assert backward[Phase.PREDICT] == 0
     assert counters.backward_passes == sum(backward.values()) == 40 - counters.steps_by_phase["predict"]
@@ -168,9 +160,8 @@ def test_the_engine_rolls_back_a_diverging_segment_without_a_trainer():
             return plan
 
     config = HybridConfig(
-        warmup_steps=3, full_steps=5, max_predict_steps=2, confidence_threshold=0.0, correction_steps=2,
-        predict_lr_fraction=1.0, predict_forward_every=0, max_consecutive_rollbacks=2,
-    )  # fmt: skip
+        **{**FAST_PHASES, "max_predict_steps": 2}, predict_forward_every=0, max_consecutive_rollbacks=2
+    )
     engine, _, _ = plain_torch_run(config, 40, Exploding())
     counters = engine.record.counters
     assert counters.rollbacks == 2 and engine.policy.prediction_off

@@ -26,6 +26,7 @@ def torch_equal_shifted(data, x, y):
     return bytes(x[1:].tolist()) == bytes(y[:-1].tolist()) and bytes(x.tolist()) == data[48:64]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("predictor", ["linear", "mlp", "rssm"])
 def test_example_script_runs_and_writes_its_summary(tmp_path, predictor):
     cmd = [sys.executable, "-m", "examples.char_gpt", "--max-steps", "30", "--root", str(tmp_path)]
@@ -57,6 +58,7 @@ def test_digits_split_is_seeded_and_disjoint():
     assert len(a.val_set) == int(1797 * 0.2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", ["digits_cnn", "word_lstm"])
 def test_other_example_scripts_run(tmp_path, script):
     cmd = [sys.executable, "-m", f"examples.{script}", "--max-steps", "20", "--root", str(tmp_path)]
@@ -65,3 +67,24 @@ def test_other_example_scripts_run(tmp_path, script):
     assert "final val_loss" in out.stdout
     (summary,) = tmp_path.rglob("hybrid_summary.json")
     assert json.loads(summary.read_text())["steps_total"] == 20
+
+
+def test_the_demos_report_torchmetrics_validation_metrics():
+    """Perplexity accumulated by torchmetrics is exp of the epoch's mean validation loss (equal-sized batches);
+    digits accuracy is a fraction of the validation set."""
+    import math
+
+    import lightning as L
+
+    from lightning_hybrid.demos.char_gpt import CharGPT, StdlibText
+    from lightning_hybrid.demos.digits_cnn import DigitsCNN
+
+    trainer = L.Trainer(max_steps=2, limit_val_batches=3, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    model, data = CharGPT(n_layer=1, n_embd=32), StdlibText(max_bytes=20000)
+    trainer.fit(model, data)
+    metrics = trainer.validate(model, data, verbose=False)[0]
+    assert metrics["val_ppl"] == pytest.approx(math.exp(metrics["val_loss"]), rel=1e-4)
+    digits = L.Trainer(max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    result = digits.validate(DigitsCNN(), DigitsData(), verbose=False)[0]
+    assert 0.0 <= result["val_acc"] <= 1.0

@@ -73,3 +73,49 @@ def test_a_strategy_that_is_not_hybrid_is_refused_naming_the_supported_ones(tmp_
     with pytest.raises(MisconfigurationException, match=r'uses SingleDeviceStrategy.*"hybrid_fsdp".*DeepSpeed'):
         trainer.fit(RegressionModel(), loader())
     assert trainer.global_step == 0
+
+
+class _Payload:
+    """What a tampered per-rank state file could carry: unpickling it would run ``touch``."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_per_rank_state_file_carrying_a_pickled_object_is_refused_not_run(tmp_path, single_rank):
+    checkpoint = ModelCheckpoint(tmp_path / "ckpt", every_n_train_steps=8, filename="{step}")
+    trainer = _fsdp_trainer(tmp_path, 8, extra_callbacks=[checkpoint], enable_checkpointing=True)
+    trainer.fit(RegressionModel(), loader())
+    saved = tmp_path / "ckpt" / "step=8.ckpt"
+    state_file, marker = saved / "hybrid_callbacks_rank0.pt", tmp_path / "executed"
+    state = torch.load(state_file, weights_only=True)  # the genuine state loads as plain data
+    torch.save({**state, "extra": _Payload(str(marker))}, state_file)
+    trainer = _fsdp_trainer(tmp_path, 16)
+    with pytest.raises(RuntimeError, match=r"Refusing to load .*hybrid_callbacks_rank0.pt.*tampered"):
+        trainer.fit(RegressionModel(), loader(), ckpt_path=saved)
+    assert not marker.exists()
+
+
+def test_the_plain_parent_shards_an_unchanged_module_without_the_hybrid_callbacks(tmp_path, single_rank):
+    """``plain_fsdp`` is what the app runs as the plain baseline of ``hybrid_fsdp``."""
+    import lightning as L
+    from torch.distributed.tensor import DTensor
+
+    from lightning_hybrid import FullyShardedStrategy
+    from lightning_hybrid.runner import PLAIN_STRATEGY
+
+    assert PLAIN_STRATEGY["hybrid_fsdp"] == FullyShardedStrategy.strategy_name == "plain_fsdp"
+    model = RegressionModel()
+    trainer = L.Trainer(
+        max_steps=4, accelerator="cpu", devices=1, strategy="plain_fsdp", logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+    )  # fmt: skip
+    trainer.fit(model, loader())
+    assert isinstance(trainer.strategy, FullyShardedStrategy) and trainer.global_step == 4
+    assert all(isinstance(p, DTensor) for p in model.parameters())
+    assert model.backward_calls == 4

@@ -248,6 +248,7 @@ def test_grad_scaler_is_stepped_on_ordinary_steps_only_and_is_not_touched_by_pre
 # ---------------------------------------------------------------------------------------------- long runs
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(proc_status("VmRSS") is None, reason="reads RSS from /proc (Linux)")
 def test_three_thousand_hybrid_steps_do_not_grow_memory():
     probe = MemorySampler()
@@ -267,6 +268,7 @@ def test_three_thousand_hybrid_steps_do_not_grow_memory():
     assert len({tuple(v[2]) for v in probe.samples.values()}) == 1  # parameters updated in place, never replaced
 
 
+@pytest.mark.slow
 def test_long_run_benchmark_records_flat_memory(tmp_path):
     result = long_run(["--steps", "300", "--out", str(tmp_path), "data.batch_size=4"])
     assert json.loads((tmp_path / "long_run_char_gpt.json").read_text()) == json.loads(json.dumps(result))

@@ -5,6 +5,7 @@ environment running the tests (a path entry, not an install), so no package inde
 """
 
 import json
+import shutil
 import site
 import subprocess
 import sys
@@ -26,8 +27,9 @@ def _run(*cmd, cwd, timeout=600):
 
 
 def test_the_wheel_installed_app_trains_outside_a_checkout(tmp_path):
-    dist = tmp_path / "dist"
-    _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", dist, ROOT, cwd=tmp_path)
+    source, dist = tmp_path / "source", tmp_path / "dist"  # built from a copy: the build leaves nothing in the checkout
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", "build", "*.egg-info", "__pycache__", "logs"))
+    _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", dist, source, cwd=tmp_path)
     (wheel,) = dist.glob("lightning_hybrid-*.whl")
     shipped = zipfile.ZipFile(wheel).namelist()
     assert "lightning_hybrid/configs/train.yaml" in shipped

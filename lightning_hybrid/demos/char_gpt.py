@@ -14,6 +14,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torchmetrics.text import Perplexity
 
 from lightning_hybrid.demos.splits import SplitData, TokenWindows
 
@@ -112,22 +113,24 @@ class CharGPT(L.LightningModule):
         self.blocks = nn.Sequential(*[Block(n_embd, n_head) for _ in range(n_layer)])
         self.ln = nn.LayerNorm(n_embd)
         self.head = nn.Linear(n_embd, 256, bias=False)
+        self.val_perplexity = Perplexity()
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         pos = torch.arange(idx.shape[1], device=idx.device)
         return self.head(self.ln(self.blocks(self.tok(idx) + self.pos(pos))))
 
-    def _loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        x, y = batch
-        return F.cross_entropy(self(x).flatten(0, 1), y.flatten())
-
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        loss = self._loss(batch)
+        x, y = batch
+        loss = F.cross_entropy(self(x).flatten(0, 1), y.flatten())
         self.log("train_loss", loss, prog_bar=True)
         return loss
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        self.log("val_loss", self._loss(batch), prog_bar=True)
+        x, y = batch
+        logits = self(x)
+        self.log("val_loss", F.cross_entropy(logits.flatten(0, 1), y.flatten()), prog_bar=True)
+        self.val_perplexity(logits, y)
+        self.log("val_ppl", self.val_perplexity)  # accumulated over the epoch, synced across ranks
 
     def configure_optimizers(self) -> dict:
         hp = self.hparams

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import TensorDataset, random_split
+from torchmetrics.classification import MulticlassAccuracy
 
 from lightning_hybrid.demos.splits import SplitData
 
@@ -53,6 +54,7 @@ class DigitsCNN(L.LightningModule):
     def __init__(self, channels: int = 32, lr: float = 1e-3) -> None:
         super().__init__()
         self.save_hyperparameters()
+        self.val_accuracy = MulticlassAccuracy(num_classes=10)
         self.net = nn.Sequential(
             nn.Conv2d(1, channels, 3, padding=1),
             nn.ReLU(),
@@ -76,7 +78,8 @@ class DigitsCNN(L.LightningModule):
         x, y = batch
         logits = self(x)
         self.log("val_loss", F.cross_entropy(logits, y), prog_bar=True)
-        self.log("val_acc", (logits.argmax(-1) == y).float().mean())
+        self.val_accuracy(logits, y)
+        self.log("val_acc", self.val_accuracy)  # accumulated over the epoch, synced across ranks
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)

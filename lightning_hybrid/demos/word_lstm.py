@@ -14,6 +14,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.demos.lstm import SimpleLSTM
+from torchmetrics.text import Perplexity
 
 from lightning_hybrid.demos.splits import SplitData, TokenWindows
 
@@ -74,19 +75,23 @@ class WordLSTM(L.LightningModule):
         super().__init__()
         self.save_hyperparameters()
         self.model = SimpleLSTM(vocab_size=vocab_size, ninp=ninp, nhid=nhid, nlayers=nlayers, dropout=0.2)
+        self.val_perplexity = Perplexity()
 
-    def _loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def _log_probs(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = batch
         log_probs, _ = self.model(x, self.model.init_hidden(x.shape[0]))
-        return F.nll_loss(log_probs, y.reshape(-1))
+        return log_probs, y.reshape(-1)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        loss = self._loss(batch)
+        loss = F.nll_loss(*self._log_probs(batch))
         self.log("train_loss", loss, prog_bar=True)
         return loss
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        self.log("val_loss", self._loss(batch), prog_bar=True)
+        log_probs, targets = self._log_probs(batch)
+        self.log("val_loss", F.nll_loss(log_probs, targets), prog_bar=True)
+        self.val_perplexity(log_probs.unsqueeze(0), targets.unsqueeze(0))  # softmax of log-probabilities: themselves
+        self.log("val_ppl", self.val_perplexity)  # accumulated over the epoch, synced across ranks
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)

@@ -21,7 +21,7 @@ from torch.optim import Optimizer
 
 from lightning_hybrid.config import HybridConfig
 from lightning_hybrid.engine.components import Components
-from lightning_hybrid.engine.guard import StepGuard
+from lightning_hybrid.engine.guard import Reading, StepGuard
 from lightning_hybrid.engine.interface import Collectives
 from lightning_hybrid.engine.learning import Learning
 from lightning_hybrid.engine.phases import Due, PhaseMachine
@@ -59,7 +59,7 @@ class HybridEngine(Learning, SegmentCycle, EngineState):
         self.step = StepRecord(phase=self.machine.phase)
         self.parts: Components | None = None
         self.store: ParameterStore | None = None
-        self.guard_: StepGuard | None = None
+        self.step_guard: StepGuard | None = None
         self.collectives: Collectives | None = None
         self.plan: Plan | None = None
         self.lr_ref: list[float] = []
@@ -88,7 +88,7 @@ class HybridEngine(Learning, SegmentCycle, EngineState):
             self.store.load_snapshot(self._pending_snapshot)
             self._pending_snapshot = None
         self.collectives = collectives
-        self.guard_ = StepGuard(collectives, scaler)
+        self.step_guard = StepGuard(collectives, scaler)
         parts = self.parts
         parts.predictor.sum_across_ranks = collectives.sum_across_ranks
         parts.predictor.setup(self.store.groups, parts.encoder.dim)
@@ -106,7 +106,7 @@ class HybridEngine(Learning, SegmentCycle, EngineState):
     def unbind(self) -> None:
         if self.store is not None:
             self.store.close()
-        self.store = self.guard_ = self.collectives = None
+        self.store = self.step_guard = self.collectives = None
 
     @property
     def phase(self) -> Phase:
@@ -115,10 +115,6 @@ class HybridEngine(Learning, SegmentCycle, EngineState):
     @property
     def predicting(self) -> bool:
         return self.machine.predicting
-
-    @property
-    def snapshot_alive(self) -> bool:
-        return self.store.snapshot_alive if self.store is not None else self._pending_snapshot is not None
 
     # -- one step ------------------------------------------------------------------------------------------------
     def begin_step(self) -> None:
@@ -213,7 +209,7 @@ class HybridEngine(Learning, SegmentCycle, EngineState):
         finally:
             step.forward_now = False
         if step.forward_loss is not None:
-            step.loss = self.guard_.mean_over_ranks([step.forward_loss])[0]
+            step.loss = self.step_guard.mean_over_ranks([step.forward_loss])[0]
             reason = self.parts.monitor.check(step.loss, self.plan.loss_upper[h])
             if reason is not None:
                 self.rollback(reason)
@@ -225,7 +221,7 @@ class HybridEngine(Learning, SegmentCycle, EngineState):
 
     def _check_ordinary_step(self, optimizer: Optimizer) -> None:
         step = self.step
-        reading = self.guard_.read(self.store.owners, step.loss_sum)
+        reading = self.step_guard.read(self.store.owners, step.loss_sum)
         if reading is None:
             step.skipped = True  # the user's training_step skipped this batch
             return
@@ -244,9 +240,9 @@ class HybridEngine(Learning, SegmentCycle, EngineState):
             self._skip(optimizer, reading)
             self.record.counters.outlier_steps_skipped += 1
 
-    def _skip(self, optimizer: Optimizer, reading: Any) -> None:
+    def _skip(self, optimizer: Optimizer, reading: Reading) -> None:
         self.step.skipped = True
-        self.guard_.skip(optimizer, reading.grads)
+        self.step_guard.skip(optimizer, reading.grads)
 
     # -- reporting and state -------------------------------------------------------------------------------------
     def metrics(self, predicted_loss: float) -> dict[str, float]:

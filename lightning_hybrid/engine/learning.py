@@ -46,6 +46,6 @@ class Learning:
         if bandit is None:
             return
         if bandit.cost == "wall" and self.world_size > 1:  # every rank must see the same costs
-            seconds = self.guard_.mean_over_ranks([torch.tensor(seconds)])[0]
+            seconds = self.step_guard.mean_over_ranks([torch.tensor(seconds)])[0]
         loss = step.loss if step.phase.ordinary and not step.skipped else None
         bandit.record_step(step.phase is Phase.PREDICT, seconds, loss, correcting=step.phase is Phase.CORRECT)

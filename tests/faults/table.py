@@ -1,4 +1,4 @@
-"""The README's reliability table, from the JUnit XML of a run of the fault suite:
+"""The reliability table of docs/reliability.md, from the JUnit XML of a run of the fault suite:
 
 pytest tests/faults --junitxml=faults.xml && python -m tests.faults.table faults.xml
 """

@@ -1,8 +1,8 @@
 """Fault injection: every run finishes, no NaN/Inf reaches the weights, and after a transient fault the final
 validation loss is at most 2% above that of the same run without it. (One-sided: any change of trajectory, a
 rollback or a skipped step, moves this small task's final loss by up to about 2.5% either way, and ending lower
-is not harm.) Each case records what it tried and what happened
-(``record_property``); ``python -m tests.faults.table`` turns the JUnit XML of a run into the README's table."""
+is not harm.) Each case records what it tried and what happened (``record_property``); ``python -m
+tests.faults.table`` turns the JUnit XML of a run into the table in docs/reliability.md."""
 
 import math
 import signal
@@ -158,6 +158,7 @@ def test_damaged_checkpoint_fails_with_a_clear_error(record_property, tmp_path, 
     _record(record_property, f"checkpoint: {damage}", "resume", "refused: " + message)
 
 
+@pytest.mark.slow
 def test_sigkill_mid_predict_then_resume_matches_the_uninterrupted_run(record_property, tmp_path):
     from tests.faults.kill_worker import KILL_AFTER, run
 
