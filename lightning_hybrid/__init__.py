@@ -13,6 +13,7 @@ from lightning_hybrid.callbacks import (
 from lightning_hybrid.config import HybridConfig
 from lightning_hybrid.fsdp import FullyShardedStrategy, HybridFSDPStrategy
 from lightning_hybrid.meter import RunMeter
+from lightning_hybrid.outputs import PREDICTED_STEP_KEY, is_predicted_step
 from lightning_hybrid.phase import Phase
 from lightning_hybrid.registry import register_strategies
 from lightning_hybrid.strategy import HybridDDPStrategy, HybridPredictStrategy
@@ -22,6 +23,7 @@ register_strategies()
 __version__ = "0.1.0"
 
 __all__ = [
+    "PREDICTED_STEP_KEY",
     "DivergenceMonitor",
     "DynamicsPredictor",
     "FullyShardedStrategy",
@@ -37,4 +39,5 @@ __all__ = [
     "RunMeter",
     "VRAMLogger",
     "hybrid_callbacks",
+    "is_predicted_step",
 ]

@@ -35,6 +35,9 @@ GROUP_FEATURES = ("update_norm", "lr", "update_norm_trend")
 VAR_FLOOR = 1e-4  # on the symlog scale: a feature that never moved is not blown up by rounding noise
 
 
+MIN_DIM = len(GLOBAL_FEATURES) + len(GROUP_FEATURES)  # the global features and one group's
+
+
 def symlog(x: float) -> float:
     """Sign-preserving log scale: keeps 0 at 0 and turns 1e30 into about 69."""
     return math.copysign(math.log1p(abs(x)), x)
@@ -56,7 +59,7 @@ class StateEncoder:
 
     def __init__(self, dim: int = 64, window: int = 32, stats_decay: float = 0.99, clip: float = 5.0) -> None:
         owner = "StateEncoder"
-        self.dim = check_int(owner, "dim", dim, len(GLOBAL_FEATURES) + len(GROUP_FEATURES))
+        self.dim = check_int(owner, "dim", dim, MIN_DIM)
         self.window = check_int(owner, "window", window, 3)
         self.stats_decay = check_float(owner, "stats_decay", stats_decay, 0.0, 1.0 - 1e-12)
         self.clip = check_float(owner, "clip", clip, 0.0, open_low=True)

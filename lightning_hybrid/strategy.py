@@ -60,7 +60,25 @@ class HybridStrategyMixin:
     @override
     def setup(self, trainer: pl.Trainer) -> None:
         self._require_scheduler(trainer)
+        self._clip_only_present_gradients()
         super().setup(trainer)
+
+    def _clip_only_present_gradients(self) -> None:
+        """A skipped step drops its gradients and a predicted step has none; torch's value clipping fails on an
+        empty gradient list, so Lightning's clipping (automatic, or ``self.clip_gradients`` in a manual
+        ``training_step``) becomes a no-op when no parameter holds a gradient. The precision plugin is Lightning's
+        own class, chosen by the Trainer, so its one method is wrapped on this instance."""
+        plugin = self.precision_plugin
+        if getattr(plugin, "_hybrid_clipping", False):
+            return
+        clip = plugin.clip_gradients
+
+        def clip_gradients(optimizer: Optimizer, *args: Any, **kwargs: Any) -> None:
+            if any(p.grad is not None for group in optimizer.param_groups for p in group["params"]):
+                clip(optimizer, *args, **kwargs)
+
+        plugin.clip_gradients = clip_gradients
+        plugin._hybrid_clipping = True
 
     @override
     def load_checkpoint(self, checkpoint_path: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:

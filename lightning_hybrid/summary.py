@@ -25,6 +25,7 @@ class RunCounters:
     segments_started: int = 0
     segments_accepted: int = 0
     invalid_plans: int = 0
+    end_of_fit_rollbacks: int = 0  # segments still unverified when training ended
     nonfinite_steps_skipped: int = 0
     outlier_steps_skipped: int = 0
     backed_off_steps: int = 0  # ordinary steps without update capture or predictor training

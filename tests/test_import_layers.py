@@ -11,7 +11,21 @@ PACKAGE = Path(__file__).resolve().parents[1] / "lightning_hybrid"
 
 # Lowest first. A module may import modules of its own layer or of any layer below it.
 LAYERS = [
-    ("core", ("validation", "phase", "stats", "config", "summary", "offload", "encoder", "predictors", "tensorboard")),
+    (
+        "core",
+        (
+            "validation",
+            "phase",
+            "stats",
+            "config",
+            "summary",
+            "offload",
+            "encoder",
+            "predictors",
+            "tensorboard",
+            "outputs",
+        ),
+    ),
     ("engine", ("engine",)),
     ("strategy", ("strategy", "fsdp", "registry")),
     ("callbacks", ("callbacks", "meter")),

@@ -87,3 +87,16 @@ def test_settings_reach_their_component():
 def test_component_settings_are_validated(factory, pattern):
     with pytest.raises(ValueError, match=pattern):
         factory()
+
+
+@pytest.mark.parametrize(
+    ("settings", "match"),
+    [
+        ({"bandit": "False"}, r"hybrid_callbacks: `bandit` must be True or False, got 'False'"),
+        ({"bandit": False, "alpha": -1}, r"HorizonBandit: `alpha` must be a finite number in \[0.0, inf\), got -1"),
+        ({"feature_dim": 0}, r"DynamicsPredictor: `feature_dim` must be an integer >= 14, got 0"),
+    ],
+)
+def test_small_validation_gaps_are_closed(settings, match):
+    with pytest.raises(ValueError, match=match):
+        hybrid_callbacks(**settings)

@@ -40,7 +40,7 @@ def hybrid_callbacks(predictor: str | Predictor = "linear", bandit: bool = True,
     """The callbacks hybrid training needs, with settings applied.
 
     ``predictor`` is a registered name or a :class:`Predictor` instance. ``bandit=False`` leaves out the
-    :class:`HorizonBandit` (its settings are then accepted and unused), and the horizon follows the scheduler's
+    :class:`HorizonBandit` (its settings are then checked and unused), and the horizon follows the scheduler's
     halve-on-failure rule. Every other keyword goes to the component that owns a setting of that name, with that
     component's default when not given: :class:`HybridConfig` (the phase settings), :class:`DivergenceMonitor`,
     :class:`ResidualCorrector`, :class:`HorizonBandit`, :class:`DynamicsPredictor` (``feature_dim``), or a named
@@ -70,9 +70,8 @@ def hybrid_callbacks(predictor: str | Predictor = "linear", bandit: bool = True,
         ResidualCorrector(**owners["corrector"]),
         DivergenceMonitor(**owners["monitor"]),
     ]
-    if bandit:
-        callbacks.append(HorizonBandit(**owners["bandit"]))
-    return callbacks
+    horizon_bandit = HorizonBandit(**owners["bandit"])  # built either way: its settings are checked either way
+    return [*callbacks, horizon_bandit] if bandit else callbacks
 
 
 __all__ = [

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from lightning_hybrid.callbacks.base import HybridComponent
-from lightning_hybrid.encoder import StateEncoder
+from lightning_hybrid.encoder import MIN_DIM, StateEncoder
 from lightning_hybrid.predictors import PREDICTORS, Predictor, build_predictor
+from lightning_hybrid.validation import check_int
 
 
 class DynamicsPredictor(HybridComponent):
@@ -25,6 +26,7 @@ class DynamicsPredictor(HybridComponent):
         predictor_kwargs: dict[str, Any] | None = None,
         feature_dim: int = 64,
     ) -> None:
+        check_int("DynamicsPredictor", "feature_dim", feature_dim, MIN_DIM)
         self.encoder = StateEncoder(dim=feature_dim)
         if isinstance(predictor, Predictor):
             self.predictor = predictor

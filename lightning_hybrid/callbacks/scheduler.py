@@ -15,6 +15,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from torch import nn
 from torch.optim import Optimizer
 from typing_extensions import override
 
@@ -42,6 +43,20 @@ def _one(trainer: pl.Trainer, kind: type, required: bool) -> Any:
             f"(hybrid callbacks present: {present}). Use `callbacks=hybrid_callbacks(...)`."
         )
     return matches[0] if matches else None
+
+
+def _refuse_sparse_gradients(module: pl.LightningModule) -> None:
+    """The engine's fused norms and update capture need dense gradients."""
+    sparse = [
+        f"{name}.weight" if name else "weight"
+        for name, m in module.named_modules()
+        if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse
+    ]
+    if sparse:
+        raise MisconfigurationException(
+            f"Hybrid training needs dense gradients, but {sparse} would get sparse ones (`sparse=True` on the "
+            "embedding). Build the embedding with sparse=False, or train this model without the hybrid callbacks."
+        )
 
 
 class HybridScheduler(HybridComponent):
@@ -114,6 +129,7 @@ class HybridScheduler(HybridComponent):
                 f"Hybrid training supports exactly one optimizer (several param groups are fine); "
                 f"`configure_optimizers` returned {len(trainer.optimizers)}."
             )
+        _refuse_sparse_gradients(pl_module)
         optimizer = trainer.optimizers[0]
         self.engine.bind(
             optimizer,
@@ -122,6 +138,7 @@ class HybridScheduler(HybridComponent):
             scaler=getattr(trainer.precision_plugin, "scaler", None),
             global_step=trainer.global_step,
             world_size=trainer.world_size,
+            buffers=list(pl_module.buffers()),
         )
         self._hooks = [
             optimizer.register_step_pre_hook(self._before_optimizer_step),
@@ -161,6 +178,7 @@ class HybridScheduler(HybridComponent):
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.engine.close_segment()  # however training ended: max_steps, EarlyStopping, max_time, an interruption
         self.engine.record.stop_clock()
 
     @override

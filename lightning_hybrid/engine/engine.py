@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -30,6 +30,7 @@ from lightning_hybrid.engine.record import RunRecord, StepRecord
 from lightning_hybrid.engine.segments import SegmentCycle
 from lightning_hybrid.engine.state import EngineState
 from lightning_hybrid.engine.store import ParameterStore
+from lightning_hybrid.outputs import mark_predicted
 from lightning_hybrid.phase import Phase
 from lightning_hybrid.predictors import Plan
 
@@ -81,9 +82,11 @@ class HybridEngine(Learning, SegmentCycle, EngineState):
         scaler: Any = None,
         global_step: int = 0,
         world_size: int = 1,
+        buffers: Sequence[Tensor] = (),
     ) -> None:
-        """Training starts: take this optimizer's trainable parameters and set the predictor up on them."""
-        self.store = ParameterStore(optimizer, collectives.local_tensor, self.config.predict_memory)
+        """Training starts: take this optimizer's trainable parameters (and the module's ``buffers``, which a
+        rollback restores) and set the predictor up on them."""
+        self.store = ParameterStore(optimizer, collectives.local_tensor, self.config.predict_memory, buffers)
         if self._pending_snapshot is not None:
             self.store.load_snapshot(self._pending_snapshot)
             self._pending_snapshot = None
@@ -102,6 +105,13 @@ class HybridEngine(Learning, SegmentCycle, EngineState):
         self.global_step, self.world_size = global_step, world_size
         self.record.start_clock()
         self.step = StepRecord(phase=self.machine.phase)
+
+    def close_segment(self) -> None:
+        """Training ends: a segment not yet verified is rolled back, so ``fit`` never hands back unverified weights
+        (no ordinary step is left to verify them)."""
+        if self.store is not None and self.store.snapshot_alive:
+            self.record.counters.end_of_fit_rollbacks += 1
+            self.rollback("fit ended before the segment was verified")
 
     def unbind(self) -> None:
         if self.store is not None:
@@ -162,13 +172,15 @@ class HybridEngine(Learning, SegmentCycle, EngineState):
     def predicted_training_step(self, run: Callable[[], Any]) -> Any:
         """``training_step`` during Predict: a ``no_grad`` forward when one is due, otherwise none at all."""
         if self.automatic and not self.step.forward_now:
-            # Lightning needs a tensor (``None`` is refused under DDP): hand it the predicted loss.
-            return torch.tensor(self.plan.loss[self.machine.segment_pos], device=self.collectives.root_device)
+            # Lightning needs a loss (``None`` is refused under DDP): hand it the predicted one, marked.
+            predicted = torch.tensor(self.plan.loss[self.machine.segment_pos], device=self.collectives.root_device)
+            return mark_predicted(predicted)
         with torch.no_grad(), self._predict_autocast():
             output = run()
+        self.store.restore_module_buffers()  # the forward at predicted weights leaves no trace in them
         if self.automatic:
             self.step.forward_loss = _loss_of(output)
-        return output
+        return mark_predicted(output)
 
     def _predict_autocast(self) -> Any:
         if self.config.predict_precision == "bf16":
@@ -258,7 +270,12 @@ class HybridEngine(Learning, SegmentCycle, EngineState):
         """Whole-run numbers, as written to ``hybrid_summary.json``."""
         parts = self.parts
         out = self.record.summary()
-        out["rollback_reasons"] = {**parts.monitor.events, "invalid_plan": self.record.counters.invalid_plans}
+        counters = self.record.counters
+        out["rollback_reasons"] = {
+            **parts.monitor.events,
+            "invalid_plan": counters.invalid_plans,
+            "end_of_fit": counters.end_of_fit_rollbacks,
+        }
         out["prediction_disabled"] = self.policy.prediction_off
         out["predictor"] = parts.predictor.name
         if parts.bandit is not None:

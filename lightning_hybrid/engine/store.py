@@ -25,9 +25,17 @@ class ParameterStore:
         optimizer: the run's single optimizer; its trainable parameters, by group, are what is predicted.
         local: maps a parameter to the part this rank holds (identity unless sharded).
         predict_memory: ``"none"``, ``"offload"`` or ``"aggressive"`` (see :class:`~lightning_hybrid.HybridConfig`).
+        buffers: the module's buffers (BatchNorm's running statistics and counters, any registered buffer): held with
+            the snapshot, restored on rollback, and put back after every forward pass at predicted weights.
     """
 
-    def __init__(self, optimizer: Optimizer, local: Callable[[Tensor], Tensor], predict_memory: str = "none") -> None:
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        local: Callable[[Tensor], Tensor],
+        predict_memory: str = "none",
+        buffers: Sequence[Tensor] = (),
+    ) -> None:
         groups = [[p for p in group["params"] if p.requires_grad] for group in optimizer.param_groups]
         self.group_index = [i for i, group in enumerate(groups) if group]
         if not self.group_index:
@@ -44,6 +52,8 @@ class ParameterStore:
         self.buffer: list[Tensor] = []
         self.buffer_groups: list[list[Tensor]] = []
         self._allocate_buffer()
+        self.module_buffers = [local(b) for b in buffers]
+        self.module_buffers_at_start = [torch.empty_like(b) for b in self.module_buffers]  # a segment's start
 
     def lrs(self) -> list[float]:
         groups = self.optimizer.param_groups
@@ -83,6 +93,7 @@ class ParameterStore:
             self.buffer, self.buffer_groups = [], []
         else:
             copy_(self.buffer, self.params)
+        self._hold_module_buffers()
         if self.offload is not None:
             self.optimizer.zero_grad(set_to_none=True)
             self.offload.offload()
@@ -97,9 +108,19 @@ class ParameterStore:
         if self.offload is not None:
             self.offload.wait()
 
+    def _hold_module_buffers(self) -> None:
+        if self.module_buffers:
+            copy_(self.module_buffers_at_start, self.module_buffers)
+
+    def restore_module_buffers(self) -> None:
+        """Undo what a forward pass at predicted weights wrote into the buffers (BatchNorm's statistics)."""
+        if self.module_buffers:
+            copy_(self.module_buffers, self.module_buffers_at_start)
+
     def rollback(self) -> None:
         self.restore_optimizer_state()  # a no-op unless a segment's optimizer state is still offloaded
         copy_(self.params, self.host_snapshot if self.snapshot_on_host else self.buffer)
+        self.restore_module_buffers()
         self.release_snapshot()
 
     def release_snapshot(self) -> None:
@@ -116,8 +137,10 @@ class ParameterStore:
         return [t.detach().to("cpu", copy=True) for t in held]
 
     def load_snapshot(self, snapshot: list[Tensor]) -> None:
-        """Hold a snapshot restored from a checkpoint (a segment was running when it was saved)."""
+        """Hold a snapshot restored from a checkpoint (a segment was running when it was saved). The module's
+        buffers need no copy in the checkpoint: during a segment they keep their values from its start."""
         copy_(self.buffer, [t.to(b.device) for t, b in zip(snapshot, self.buffer)])
+        self._hold_module_buffers()
         self.snapshot_alive = True
 
     def close(self) -> None:

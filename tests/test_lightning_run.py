@@ -1,0 +1,198 @@
+"""An ordinary Lightning run stays correct under the plugin, or is refused by name: clipping on skipped and
+predicted steps, sparse gradients, a fit that ends inside a segment. Public API only: the Trainer, the settings
+and the summary."""
+
+import json
+import math
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from torch import nn
+
+from lightning_hybrid import DivergenceMonitor, DynamicsPredictor, HybridScheduler, ResidualCorrector, is_predicted_step
+from tests.helpers import FAST_PHASES, RegressionModel, SometimesExploding, flat_params, hybrid_trainer, loader
+
+
+def _rolling_back(**settings):
+    """Callbacks whose plans blow up in alternate blocks, verified only at the first Correct step, so a failed
+    verification skips that ordinary step's update."""
+    scheduler = HybridScheduler(**{**FAST_PHASES, "predict_forward_every": 0, **settings})
+    return [scheduler, DynamicsPredictor(SometimesExploding()), ResidualCorrector(), DivergenceMonitor()]
+
+
+@pytest.mark.parametrize("algorithm", ["value", "norm"])
+def test_clipping_survives_skipped_steps(tmp_path, algorithm):
+    trainer, _ = hybrid_trainer(
+        60,
+        hybrid=_rolling_back(),
+        gradient_clip_val=0.5,
+        gradient_clip_algorithm=algorithm,
+        default_root_dir=tmp_path,
+        logger=False,
+    )
+    model = RegressionModel()
+    trainer.fit(model, loader())
+    summary = json.loads((tmp_path / "hybrid_summary.json").read_text())
+    assert summary["rollbacks"] >= 1 and summary["steps_total"] == 60
+    assert torch.isfinite(flat_params(model)).all()
+
+
+class ManualClipping(RegressionModel):
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        opt.zero_grad()
+        x, y = batch
+        loss = nn.functional.mse_loss(self(x), y)
+        self.manual_backward(loss)
+        self.clip_gradients(opt, gradient_clip_val=0.5, gradient_clip_algorithm="value")
+        opt.step()
+        return loss
+
+
+def test_manual_value_clipping_on_predicted_steps():
+    trainer, _ = hybrid_trainer(40)
+    model = ManualClipping(automatic=False)
+    trainer.fit(model, loader())
+    assert trainer.global_step == 40 and torch.isfinite(flat_params(model)).all()
+
+
+class SparseEmbedding(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(50, 4, sparse=True)
+        self.head = nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.mse_loss(self.head(self.embed((x.abs() * 10).long().clamp(max=49)).mean(1)), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_sparse_gradients_are_refused_before_training_naming_the_parameter():
+    trainer, _ = hybrid_trainer(10)
+    model = SparseEmbedding()
+    before = flat_params(model)
+    with pytest.raises(MisconfigurationException, match=r"embed\.weight.*sparse"):
+        trainer.fit(model, loader())
+    assert trainer.global_step == 0 and torch.equal(before, flat_params(model))
+
+
+def _ends_inside_a_segment(tmp_path):
+    """Plans that always blow up and are never checked by a forward pass: with max_steps inside the first
+    segment, only the end of fit can judge it."""
+
+    class AlwaysExploding(SometimesExploding):
+        def plan(self, horizon, features=None):
+            plan = super(SometimesExploding, self).plan(horizon, features)
+            plan.scales = [[s * 1e4 for s in row] for row in plan.scales]
+            return plan
+
+    scheduler = HybridScheduler(**{**FAST_PHASES, "predict_forward_every": 0})
+    callbacks = [scheduler, DynamicsPredictor(AlwaysExploding()), ResidualCorrector(), DivergenceMonitor()]
+    warmup, full = FAST_PHASES["warmup_steps"], FAST_PHASES["full_steps"]
+    trainer, _ = hybrid_trainer(warmup + full + 2, hybrid=callbacks, default_root_dir=tmp_path, logger=False)
+    return trainer
+
+
+def test_fit_never_ends_on_unverified_predicted_weights(tmp_path):
+    trainer = _ends_inside_a_segment(tmp_path)
+    model = RegressionModel()
+    start = {}
+
+    class SegmentStart(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, idx):
+            if trainer.global_step == FAST_PHASES["warmup_steps"] + FAST_PHASES["full_steps"]:
+                start["params"] = flat_params(pl_module)
+
+    trainer.callbacks.append(SegmentStart())
+    trainer.fit(model, loader())
+    summary = json.loads((tmp_path / "hybrid_summary.json").read_text())
+    assert summary["segments_started"] == 1 and summary["rollbacks"] == 1
+    assert summary["rollback_reasons"]["end_of_fit"] == 1
+    assert torch.equal(flat_params(model), start["params"])  # the weights the segment started from
+    assert math.isfinite(float(nn.functional.mse_loss(model(torch.randn(4, 8)), torch.zeros(4, 1))))
+
+
+class BatchNormModel(RegressionModel):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(8, 32), nn.BatchNorm1d(32), nn.Tanh(), nn.Linear(32, 1))
+
+
+class BufferWatch(L.Callback):
+    """The module's buffers at each segment's start, and whether they are back to those values after each
+    rollback and at the first step after each accepted segment."""
+
+    def __init__(self):
+        self.at_start, self.last_phase, self.rollbacks = None, None, 0
+        self.after_rollback, self.after_accepted = [], []
+
+    def _buffers(self, module):
+        return [b.detach().clone() for b in module.buffers()]
+
+    def on_train_batch_start(self, trainer, pl_module, batch, idx):
+        scheduler = next(cb for cb in trainer.callbacks if isinstance(cb, HybridScheduler))
+        phase = scheduler.phase
+        if phase.name == "PREDICT" and self.last_phase is not None and self.last_phase.name != "PREDICT":
+            self.at_start = self._buffers(pl_module)
+        if phase.name == "CORRECT" and self.last_phase.name == "PREDICT":
+            now = self._buffers(pl_module)
+            self.after_accepted.append(all(torch.equal(a, b) for a, b in zip(now, self.at_start)))
+        self.last_phase = phase
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, idx):
+        scheduler = next(cb for cb in trainer.callbacks if isinstance(cb, HybridScheduler))
+        if scheduler.counters.rollbacks > self.rollbacks:
+            self.rollbacks = scheduler.counters.rollbacks
+            now = self._buffers(pl_module)
+            self.after_rollback.append(all(torch.equal(a, b) for a, b in zip(now, self.at_start)))
+
+
+def test_a_rollback_restores_batchnorm_buffers_bitwise_and_checks_leave_no_trace():
+    watch = BufferWatch()
+    scheduler = HybridScheduler(**FAST_PHASES)  # a forward check on every predicted step after the first
+    callbacks = [scheduler, DynamicsPredictor(SometimesExploding()), ResidualCorrector(), DivergenceMonitor()]
+    trainer, _ = hybrid_trainer(80, hybrid=callbacks, extra_callbacks=[watch], logger=False)
+    model = BatchNormModel()
+    trainer.fit(model, loader())
+    assert watch.after_rollback and all(watch.after_rollback)  # statistics written at blown-up weights are undone
+    assert watch.after_accepted and all(watch.after_accepted)  # forward checks at predicted weights left no trace
+    assert all(torch.isfinite(b.float()).all() for b in model.buffers())
+
+
+class DictOutputs(RegressionModel):
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        preds = self(x)
+        return {"loss": nn.functional.mse_loss(preds, y), "preds": preds.detach()}
+
+
+class ReadsPreds(L.Callback):
+    """A train-metric callback as users write it, guarded by the documented contract."""
+
+    def __init__(self):
+        self.read, self.predicted = 0, 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if is_predicted_step(outputs):
+            self.predicted += 1
+            assert torch.isfinite(outputs["loss"])
+            return
+        assert outputs["preds"].shape == batch[1].shape
+        self.read += 1
+
+
+@pytest.mark.parametrize("forward_every", [0, 2])  # no forward on predicted steps / a check on every second one
+def test_a_callback_tells_predicted_steps_from_ordinary_ones_by_the_output(forward_every):
+    reader = ReadsPreds()
+    trainer, _ = hybrid_trainer(60, {"predict_forward_every": forward_every}, extra_callbacks=[reader], logger=False)
+    trainer.fit(DictOutputs(), loader())
+    scheduler = next(cb for cb in trainer.callbacks if isinstance(cb, HybridScheduler))
+    summary = scheduler.summary()
+    assert reader.predicted == summary["steps_by_phase"]["predict"] > 0
+    assert reader.read == summary["steps_total"] - reader.predicted
