@@ -107,11 +107,21 @@ def test_callbacks_without_strategy_fail_at_fit_with_the_fix(callbacks):
         trainer.fit(RegressionModel(), loader())
 
 
-def test_incomplete_callback_set_names_what_is_missing():
-    callbacks = [cb for cb in hybrid_callbacks() if not isinstance(cb, DivergenceMonitor)]
-    trainer = _plain_trainer(max_steps=3, strategy=HybridPredictStrategy(), callbacks=callbacks)
-    with pytest.raises(MisconfigurationException, match="exactly one DivergenceMonitor"):
-        trainer.fit(RegressionModel(), loader())
+def test_a_missing_component_is_built_with_its_defaults_and_checkpointed():
+    callbacks = [cb for cb in hybrid_callbacks(**FAST) if not isinstance(cb, DivergenceMonitor)]
+    trainer = _plain_trainer(max_steps=30, strategy=HybridPredictStrategy(), callbacks=callbacks)
+    trainer.fit(RegressionModel(), loader())
+    monitors = [cb for cb in trainer.callbacks if isinstance(cb, DivergenceMonitor)]
+    assert len(monitors) == 1 and monitors[0].z_threshold == DivergenceMonitor().z_threshold
+    assert monitors[0].loss_stats.count > 0  # it watched the run
+    assert any("DivergenceMonitor" in key for key in trainer._checkpoint_connector.dump_checkpoint()["callbacks"])
+
+
+def test_two_components_of_a_kind_are_refused_before_training():
+    with pytest.raises(RuntimeError, match="more than one stateful callback of type `DivergenceMonitor`"):
+        _plain_trainer(
+            max_steps=3, strategy=HybridPredictStrategy(), callbacks=[*hybrid_callbacks(), DivergenceMonitor()]
+        )
 
 
 def test_string_strategy_names_are_registered():

@@ -196,3 +196,101 @@ def test_a_callback_tells_predicted_steps_from_ordinary_ones_by_the_output(forwa
     summary = scheduler.summary()
     assert reader.predicted == summary["steps_by_phase"]["predict"] > 0
     assert reader.read == summary["steps_total"] - reader.predicted
+
+
+class FreezeAt(L.Callback):
+    """Freezes (or unfreezes) the first layer at a step, as progressive freezing does; records the phase each step
+    starts in (by the step count at its start) and the first layer's weights after it (by the count at its end)."""
+
+    def __init__(self, step, trainable):
+        self.step, self.trainable, self.weights, self.phases = step, trainable, {}, {}
+
+    def on_train_batch_start(self, trainer, pl_module, batch, idx):
+        if trainer.global_step == self.step:
+            pl_module.net[0].requires_grad_(self.trainable)
+        scheduler = next(cb for cb in trainer.callbacks if isinstance(cb, HybridScheduler))
+        self.phases[trainer.global_step] = scheduler.phase.name
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, idx):
+        self.weights[trainer.global_step] = pl_module.net[0].weight.detach().clone()
+
+
+def test_a_parameter_frozen_during_fit_is_never_changed_by_prediction():
+    freeze = FreezeAt(step=20, trainable=False)  # inside the second cycle
+    trainer, _ = hybrid_trainer(80, extra_callbacks=[freeze], logger=False)
+    trainer.fit(RegressionModel(), loader())
+    frozen = [freeze.weights[s] for s in sorted(freeze.weights) if s > 20]
+    assert all(torch.equal(w, freeze.weights[20]) for w in frozen)
+    assert list(freeze.phases.values())[25:].count("PREDICT") > 0  # prediction went on for the rest
+
+
+def test_a_parameter_unfrozen_during_fit_is_predicted_from_its_next_cycle():
+    class StartsFrozen(RegressionModel):
+        def __init__(self):
+            super().__init__()
+            self.net[0].requires_grad_(False)
+
+    unfreeze = FreezeAt(step=20, trainable=True)
+    trainer, _ = hybrid_trainer(80, extra_callbacks=[unfreeze], logger=False)
+    trainer.fit(StartsFrozen(), loader())
+    moved_on_predicted = [
+        s for s, phase in unfreeze.phases.items()
+        if phase == "PREDICT" and 20 < s < 79 and not torch.equal(unfreeze.weights[s + 1], unfreeze.weights[s])
+    ]  # fmt: skip
+    assert moved_on_predicted, "the unfrozen layer was never moved by a predicted step"
+
+
+def test_a_param_group_added_during_fit_is_predicted_from_its_next_cycle():
+    class AddsGroup(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, idx):
+            if trainer.global_step == 20:
+                pl_module.net[0].requires_grad_(True)
+                trainer.optimizers[0].add_param_group({"params": list(pl_module.net[0].parameters())})
+
+    class BackboneFrozen(RegressionModel):
+        def __init__(self):
+            super().__init__()
+            self.net[0].requires_grad_(False)
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.net[2].parameters(), lr=self.lr)
+
+    watch = FreezeAt(step=-1, trainable=True)
+    trainer, _ = hybrid_trainer(80, extra_callbacks=[AddsGroup(), watch], logger=False)
+    trainer.fit(BackboneFrozen(), loader())
+    moved_on_predicted = [
+        s for s, phase in watch.phases.items()
+        if phase == "PREDICT" and 20 < s < 79 and not torch.equal(watch.weights[s + 1], watch.weights[s])
+    ]  # fmt: skip
+    assert moved_on_predicted, "the new param group was never moved by a predicted step"
+
+
+def test_checkpoints_and_validation_inside_a_segment_are_marked(tmp_path):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from tests.helpers import MemoryLogger
+
+    class ValidationSteps(L.Callback):
+        steps: set = set()
+
+        def on_validation_start(self, trainer, pl_module):
+            self.steps.add(trainer.global_step)
+
+    checkpoints = ModelCheckpoint(tmp_path, every_n_train_steps=1, save_top_k=-1, filename="{step}")
+    logger, validations = MemoryLogger(), ValidationSteps()
+    trainer, _ = hybrid_trainer(
+        40, extra_callbacks=[checkpoints, validations], enable_checkpointing=True, logger=logger, val_check_interval=3,
+        limit_val_batches=1,
+    )  # fmt: skip
+    trainer.fit(RegressionModel(), loader(), loader(64))
+    marked = {}
+    for path in tmp_path.glob("step=*.ckpt"):
+        ckpt = torch.load(path, weights_only=False)
+        state = next(v for k, v in ckpt["callbacks"].items() if "HybridScheduler" in k)
+        marked[path.name] = (ckpt["hybrid_unverified_segment"], state["snapshot"] is not None)
+    assert any(flag for flag, _ in marked.values()) and not all(flag for flag, _ in marked.values())
+    assert all(holds_snapshot for flag, holds_snapshot in marked.values() if flag)  # resumable exactly
+    validated = validations.steps
+    unverified = set(logger.series("hybrid/unverified"))
+    predict_steps = {s for s, v in logger.series("hybrid/phase").items() if v == 2}
+    assert unverified and unverified <= validated & predict_steps  # validated right after a predicted step

@@ -31,18 +31,26 @@ from lightning_hybrid.summary import RunCounters, format_summary
 from lightning_hybrid.tensorboard import write_phase_curves_layout
 
 SUMMARY_FILENAME = "hybrid_summary.json"
+UNVERIFIED_KEY = "hybrid_unverified_segment"  # a checkpoint's top-level flag: written inside an unverified segment
 
 
-def _one(trainer: pl.Trainer, kind: type, required: bool) -> Any:
+def _one(trainer: pl.Trainer, scheduler: HybridScheduler, kind: type, default: bool) -> Any:
+    """The trainer's ``kind`` component. A missing required one is built with its defaults and placed right after
+    the scheduler, so that Lightning runs its hooks and checkpoints it like any listed callback: a config file
+    (LightningCLI) needs only the strategy and the scheduler. Two of a kind are refused."""
     matches = [cb for cb in trainer.callbacks if isinstance(cb, kind)]
-    if len(matches) > 1 or (required and not matches):
+    if len(matches) > 1:
         present = sorted(type(cb).__name__ for cb in trainer.callbacks if isinstance(cb, HybridComponent))
-        needed = "exactly one" if required else "at most one"
         raise MisconfigurationException(
-            f"HybridScheduler needs {needed} {kind.__name__} callback, found {len(matches)} "
-            f"(hybrid callbacks present: {present}). Use `callbacks=hybrid_callbacks(...)`."
+            f"HybridScheduler takes at most one {kind.__name__} callback, found {len(matches)} "
+            f"(hybrid callbacks present: {present})."
         )
-    return matches[0] if matches else None
+    if matches or not default:
+        return matches[0] if matches else None
+    component = kind()
+    trainer.callbacks.insert(trainer.callbacks.index(scheduler) + 1, component)
+    rank_zero_info(f"hybrid: no {kind.__name__} among the callbacks; using one with its default settings")
+    return component
 
 
 def _refuse_sparse_gradients(module: pl.LightningModule) -> None:
@@ -102,10 +110,10 @@ class HybridScheduler(HybridComponent):
         super().setup(trainer, pl_module, stage)
         if stage != "fit":
             return
-        self.predictor = _one(trainer, DynamicsPredictor, required=True)
-        corrector = _one(trainer, ResidualCorrector, required=True)
-        self.monitor = _one(trainer, DivergenceMonitor, required=True)
-        self.bandit = _one(trainer, HorizonBandit, required=False)
+        self.predictor = _one(trainer, self, DynamicsPredictor, default=True)
+        corrector = _one(trainer, self, ResidualCorrector, default=True)
+        self.monitor = _one(trainer, self, DivergenceMonitor, default=True)
+        self.bandit = _one(trainer, self, HorizonBandit, default=False)  # only where listed
         if not any(p.requires_grad for p in pl_module.parameters()):
             raise ValueError(
                 f"{type(pl_module).__name__} has no trainable parameters (none with requires_grad=True); "
@@ -175,6 +183,28 @@ class HybridScheduler(HybridComponent):
             metrics = engine.metrics(predicted_loss)
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=trainer.global_step)
+
+    @property
+    def unverified(self) -> bool:
+        """Whether the weights now hold predicted updates that no ordinary step has verified yet."""
+        store = self.engine.store
+        return store is not None and store.snapshot_alive and self.engine.machine.segment_pos > 0
+
+    @override
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Validation inside a segment sees unverified weights: mark it in the logs (``hybrid/unverified``, 1 at
+        that step), so a reader of the curves knows which points may yet be rolled back."""
+        if trainer.state.fn == "fit" and self.unverified:
+            for logger in trainer.loggers:
+                logger.log_metrics({"hybrid/unverified": 1.0}, step=trainer.global_step)
+
+    @override
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        """Mark a checkpoint written inside a segment: it resumes exactly (the snapshot is in this callback's
+        state), but its model weights are unverified predictions."""
+        checkpoint[UNVERIFIED_KEY] = self.unverified
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -86,25 +86,41 @@ class HybridEngine(Learning, SegmentCycle, EngineState):
     ) -> None:
         """Training starts: take this optimizer's trainable parameters (and the module's ``buffers``, which a
         rollback restores) and set the predictor up on them."""
-        self.store = ParameterStore(optimizer, collectives.local_tensor, self.config.predict_memory, buffers)
+        self.collectives = collectives
+        self.step_guard = StepGuard(collectives, scaler)
+        self._build_store(optimizer, buffers)
         if self._pending_snapshot is not None:
             self.store.load_snapshot(self._pending_snapshot)
             self._pending_snapshot = None
-        self.collectives = collectives
-        self.step_guard = StepGuard(collectives, scaler)
-        parts = self.parts
-        parts.predictor.sum_across_ranks = collectives.sum_across_ranks
-        parts.predictor.setup(self.store.groups, parts.encoder.dim)
-        if parts.bandit is not None:
-            parts.bandit.setup_arms(self.config.max_predict_steps, parts.encoder.dim)
-        lrs = self.store.lrs()
         if not self.lr_ref:
-            self.lr_ref = lrs
-        self.policy.start(lrs)
+            self.lr_ref = self.store.lrs()
+        self.policy.start(self.store.lrs())
         self.automatic = automatic
         self.global_step, self.world_size = global_step, world_size
         self.record.start_clock()
         self.step = StepRecord(phase=self.machine.phase)
+
+    def _build_store(self, optimizer: Optimizer, buffers: Sequence[Tensor]) -> None:
+        """Track the parameters the optimizer trains now; the predictor starts over on a changed set."""
+        collectives, parts = self.collectives, self.parts
+        self.store = ParameterStore(optimizer, collectives.local_tensor, self.config.predict_memory, buffers)
+        parts.predictor.sum_across_ranks = collectives.sum_across_ranks
+        parts.predictor.setup(self.store.groups, parts.encoder.dim)
+        if parts.bandit is not None:
+            parts.bandit.setup_arms(self.config.max_predict_steps, parts.encoder.dim)
+
+    def _follow_trainable_set(self) -> bool:
+        """At a Full cycle's end, before any segment: if parameters were frozen, unfrozen or added since the last
+        check, track the new set from the next cycle (the predictor's statistics for the old one are dropped).
+        Returns whether the set changed."""
+        if not self.store.trainable_changed():
+            return False
+        store = self.store
+        self._build_store(store.optimizer, store.module_buffers)
+        lrs = self.store.lrs()
+        if len(lrs) != len(self.lr_ref):  # groups came or went: learning-rate references and peaks start again
+            self.lr_ref, self.policy.lr_peak = list(lrs), list(lrs)
+        return True
 
     def close_segment(self) -> None:
         """Training ends: a segment not yet verified is rolled back, so ``fit`` never hands back unverified weights
@@ -161,7 +177,7 @@ class HybridEngine(Learning, SegmentCycle, EngineState):
     def _advance(self) -> None:
         horizon = self.plan.horizon if self.plan is not None else 0
         due = self.machine.step_done(self.step.phase, self.step.backed_off, horizon)
-        if due is Due.CYCLE_END and not self._try_start_segment():
+        if due is Due.CYCLE_END and not self._follow_trainable_set() and not self._try_start_segment():
             self.policy.decline(self.global_step)
         elif due is Due.SEGMENT_END:
             self.store.restore_optimizer_state()
@@ -227,6 +243,9 @@ class HybridEngine(Learning, SegmentCycle, EngineState):
                 self.rollback(reason)
                 return output
             self.plan = self.parts.corrector.reanchor(self.plan, h, step.loss)
+        if self.store.any_frozen():  # frozen mid-segment: no more predicted updates; the next step verifies
+            self.machine.segment_pos = self.plan.horizon
+            return output
         self._apply_prediction(h)
         self.machine.segment_pos += 1
         return output

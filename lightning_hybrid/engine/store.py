@@ -18,6 +18,11 @@ def copy_(dst: list[Tensor], src: Sequence[Tensor]) -> None:
         torch._foreach_copy_(dst, list(src))
 
 
+def trainable_signature(optimizer: Optimizer) -> list[list[int]]:
+    """Which parameters the optimizer trains now, by group (identities of those that require grad)."""
+    return [[id(p) for p in group["params"] if p.requires_grad] for group in optimizer.param_groups]
+
+
 class ParameterStore:
     """Holds the flat views of the parameters the engine predicts, and their capture/snapshot buffer.
 
@@ -37,6 +42,7 @@ class ParameterStore:
         buffers: Sequence[Tensor] = (),
     ) -> None:
         groups = [[p for p in group["params"] if p.requires_grad] for group in optimizer.param_groups]
+        self.signature = trainable_signature(optimizer)
         self.group_index = [i for i, group in enumerate(groups) if group]
         if not self.group_index:
             raise ValueError("The optimizer holds no trainable parameters; hybrid training needs at least one.")
@@ -54,6 +60,14 @@ class ParameterStore:
         self._allocate_buffer()
         self.module_buffers = [local(b) for b in buffers]
         self.module_buffers_at_start = [torch.empty_like(b) for b in self.module_buffers]  # a segment's start
+
+    def trainable_changed(self) -> bool:
+        """Whether parameters were frozen, unfrozen or added (a new param group) since the store was built."""
+        return trainable_signature(self.optimizer) != self.signature
+
+    def any_frozen(self) -> bool:
+        """Whether a parameter the store predicts has stopped requiring grad (cheap: one flag per tensor)."""
+        return not all(p.requires_grad for p in self.owners)
 
     def lrs(self) -> list[float]:
         groups = self.optimizer.param_groups
