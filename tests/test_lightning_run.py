@@ -294,3 +294,126 @@ def test_checkpoints_and_validation_inside_a_segment_are_marked(tmp_path):
     unverified = set(logger.series("hybrid/unverified"))
     predict_steps = {s for s, v in logger.series("hybrid/phase").items() if v == 2}
     assert unverified and unverified <= validated & predict_steps  # validated right after a predicted step
+
+
+# ------------------------------------------------------------------------ what already worked, pinned
+class LrRecorder(L.Callback):
+    def __init__(self):
+        self.lrs = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, idx):
+        self.lrs.append([group["lr"] for group in trainer.optimizers[0].param_groups])
+
+
+class OneCycleGroups(RegressionModel):
+    def configure_optimizers(self):
+        groups = [
+            {"params": self.net[0].parameters(), "lr": 1e-2, "weight_decay": 0.01},
+            {"params": self.net[2].parameters(), "lr": 3e-3, "weight_decay": 0.0},
+        ]
+        opt = torch.optim.AdamW(groups)
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=[1e-2, 3e-3], total_steps=60)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def test_param_groups_under_one_cycle_see_plain_lightnings_lr_sequence():
+    plain_lrs, hybrid_lrs = LrRecorder(), LrRecorder()
+    L.Trainer(
+        max_steps=60, accelerator="cpu", callbacks=[plain_lrs], logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False,
+    ).fit(OneCycleGroups(), loader())  # fmt: skip
+    trainer, _ = hybrid_trainer(60, extra_callbacks=[hybrid_lrs], logger=False)
+    trainer.fit(OneCycleGroups(), loader())
+    scheduler = next(cb for cb in trainer.callbacks if isinstance(cb, HybridScheduler))
+    assert scheduler.counters.steps_by_phase["predict"] > 0
+    assert hybrid_lrs.lrs == plain_lrs.lrs
+
+
+class TiedWeights(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp = nn.Linear(8, 8, bias=False)
+        self.back = nn.Linear(8, 8, bias=False)
+        self.back.weight = self.inp.weight  # one Parameter in two modules, as GPT-2's lm_head and wte
+        self.out = nn.Linear(8, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.mse_loss(self.out(torch.tanh(self.back(torch.tanh(self.inp(x))))), y)
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=1e-2)
+
+
+def test_tied_weights_stay_tied_and_are_stored_once():
+    trainer, _ = hybrid_trainer(60, logger=False)
+    model = TiedWeights()
+    trainer.fit(model, loader())
+    assert model.back.weight is model.inp.weight
+    scheduler = next(cb for cb in trainer.callbacks if isinstance(cb, HybridScheduler))
+    assert scheduler.counters.steps_by_phase["predict"] > 0 and torch.isfinite(flat_params(model)).all()
+    assert len(trainer.optimizers[0].param_groups[0]["params"]) == len(list(model.parameters()))
+
+
+def test_swa_plateau_scheduling_and_a_second_fit_keep_working():
+    from lightning.pytorch.callbacks import StochasticWeightAveraging
+
+    class Plateau(RegressionModel):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            self.log("train_loss", loss)
+            return loss
+
+        def configure_optimizers(self):
+            opt = torch.optim.Adam(self.parameters(), lr=1e-2)
+            plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=1)
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": plateau, "monitor": "train_loss"}}
+
+    swa = StochasticWeightAveraging(swa_lrs=1e-3, swa_epoch_start=2)
+    trainer, _ = hybrid_trainer(40, extra_callbacks=[swa], logger=False)
+    model = Plateau()
+    trainer.fit(model, loader())
+    trainer.fit_loop.epoch_loop.max_steps = 60  # fit again on the same Trainer: the scheduler carries on
+    trainer.fit(model, loader())
+    scheduler = next(cb for cb in trainer.callbacks if isinstance(cb, HybridScheduler))
+    assert trainer.global_step == 60 and scheduler.counters.steps_total == 60
+    assert torch.isfinite(flat_params(model)).all()
+
+
+def test_value_clipping_with_a_gradient_scaler_survives_skipped_steps():
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    plugin = MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu"))
+    trainer, _ = hybrid_trainer(
+        60, hybrid=_rolling_back(), gradient_clip_val=0.5, gradient_clip_algorithm="value", plugins=[plugin],
+        logger=False,
+    )  # fmt: skip
+    model = RegressionModel()
+    trainer.fit(model, loader())
+    scheduler = next(cb for cb in trainer.callbacks if isinstance(cb, HybridScheduler))
+    assert scheduler.counters.rollbacks >= 1 and trainer.global_step == 60
+    assert torch.isfinite(flat_params(model)).all()
+
+
+def test_a_modules_torchmetric_counts_only_the_batches_its_training_step_saw():
+    from torchmetrics import MeanSquaredError
+
+    class WithMetric(RegressionModel):
+        def __init__(self):
+            super().__init__()
+            self.train_mse = MeanSquaredError()
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            preds = self(x)
+            self.train_mse.update(preds.detach(), y)
+            return nn.functional.mse_loss(preds, y)
+
+    trainer, _ = hybrid_trainer(60, {"predict_forward_every": 0}, logger=False)
+    model = WithMetric()
+    trainer.fit(model, loader())
+    scheduler = next(cb for cb in trainer.callbacks if isinstance(cb, HybridScheduler))
+    ordinary = scheduler.counters.steps_total - scheduler.counters.steps_by_phase["predict"]
+    assert scheduler.counters.steps_by_phase["predict"] > 0
+    assert int(model.train_mse.total) == ordinary * 32  # predicted steps without a forward add nothing
