@@ -8,6 +8,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
 
 
 class RunMeter(Callback):
@@ -40,25 +41,31 @@ class RunMeter(Callback):
             self.train_cpu_seconds + time.process_time() - self._cpu0,
         )
 
+    @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._start()
 
+    @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._stop()
 
+    @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._running:  # validation inside fit: pause the training clock
             self._stop()
             self._paused = True
 
+    @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._paused:
             self._paused = False
             self._start()
 
+    @override
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
         self.backward_passes += 1
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {
             "backward_passes": self.backward_passes,
@@ -66,6 +73,7 @@ class RunMeter(Callback):
             "train_cpu_seconds": self.train_cpu_seconds,
         }
 
+    @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.backward_passes = int(state["backward_passes"])
         self.train_seconds = float(state["train_seconds"])

@@ -81,9 +81,10 @@ def test_sparse_gradients_are_refused_before_training_naming_the_parameter():
     assert trainer.global_step == 0 and torch.equal(before, flat_params(model))
 
 
-def _ends_inside_a_segment(tmp_path):
-    """Plans that always blow up and are never checked by a forward pass: with max_steps inside the first
-    segment, only the end of fit can judge it."""
+def _ends_inside_a_segment(tmp_path, stop_early=False):
+    """Plans that always blow up and are never checked by a forward pass: with training ending inside the first
+    segment (max_steps, or a callback that stops the run as EarlyStopping and max_time do), only the end of fit
+    can judge it."""
 
     class AlwaysExploding(SometimesExploding):
         def plan(self, horizon, features=None):
@@ -94,12 +95,20 @@ def _ends_inside_a_segment(tmp_path):
     scheduler = HybridScheduler(**{**FAST_PHASES, "predict_forward_every": 0})
     callbacks = [scheduler, DynamicsPredictor(AlwaysExploding()), ResidualCorrector(), DivergenceMonitor()]
     warmup, full = FAST_PHASES["warmup_steps"], FAST_PHASES["full_steps"]
-    trainer, _ = hybrid_trainer(warmup + full + 2, hybrid=callbacks, default_root_dir=tmp_path, logger=False)
+
+    class StopsTheRun(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, idx):
+            trainer.should_stop = trainer.should_stop or trainer.global_step == warmup + full + 2
+
+    steps = 100 if stop_early else warmup + full + 2
+    extra = [StopsTheRun()] if stop_early else []
+    trainer, _ = hybrid_trainer(steps, hybrid=callbacks, extra_callbacks=extra, default_root_dir=tmp_path, logger=False)
     return trainer
 
 
-def test_fit_never_ends_on_unverified_predicted_weights(tmp_path):
-    trainer = _ends_inside_a_segment(tmp_path)
+@pytest.mark.parametrize("stop_early", [False, True], ids=["max_steps", "should_stop"])
+def test_fit_never_ends_on_unverified_predicted_weights(tmp_path, stop_early):
+    trainer = _ends_inside_a_segment(tmp_path, stop_early)
     model = RegressionModel()
     start = {}
 

@@ -10,6 +10,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from typing_extensions import override
 
 from lightning_hybrid.callbacks.scheduler import find_scheduler
 from lightning_hybrid.validation import check_int
@@ -84,6 +85,7 @@ class VRAMLogger(Callback):
     def emergency_path(self) -> Path | None:
         return None if self._root is None else Path(self._root) / self.emergency_filename
 
+    @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._scheduler = find_scheduler(trainer)
         self._root = trainer.default_root_dir
@@ -95,6 +97,7 @@ class VRAMLogger(Callback):
         """What this logger adds to ``hybrid_summary.json`` (the scheduler asks every callback at the end of fit)."""
         return {"memory_peak_bytes_by_phase": dict(self.phase_peaks)}
 
+    @override
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, idx: int) -> None:
         self._phase = self._scheduler.phase.label if self._scheduler is not None else "plain"
         if pl_module.device.type == "cuda":
@@ -114,6 +117,7 @@ class VRAMLogger(Callback):
         rss = proc_status("VmRSS") or 0
         return {"rss": rss, "peak_rss": proc_status("VmHWM") or rss, "in_use": rss, "peak": rss}
 
+    @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
     ) -> None:
@@ -139,9 +143,11 @@ class VRAMLogger(Callback):
                 f"at step {trainer.global_step}; saved {self.emergency_path} (once per run)."
             )
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {"emergency_saved": self.emergency_saved, "phase_peaks": dict(self.phase_peaks)}
 
+    @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.emergency_saved = bool(state["emergency_saved"])
         self.phase_peaks = {str(k): int(v) for k, v in state["phase_peaks"].items()}

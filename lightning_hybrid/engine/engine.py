@@ -101,7 +101,7 @@ class HybridEngine(Learning, SegmentCycle, EngineState):
         self.step = StepRecord(phase=self.machine.phase)
 
     def _build_store(self, optimizer: Optimizer, buffers: Sequence[Tensor]) -> None:
-        """Track the parameters the optimizer trains now; the predictor starts over on a changed set."""
+        """Track the parameters the optimizer trains now, and set the predictor (and bandit) up on them."""
         collectives, parts = self.collectives, self.parts
         self.store = ParameterStore(optimizer, collectives.local_tensor, self.config.predict_memory, buffers)
         parts.predictor.sum_across_ranks = collectives.sum_across_ranks
@@ -111,8 +111,8 @@ class HybridEngine(Learning, SegmentCycle, EngineState):
 
     def _follow_trainable_set(self) -> bool:
         """At a Full cycle's end, before any segment: if parameters were frozen, unfrozen or added since the last
-        check, track the new set from the next cycle (the predictor's statistics for the old one are dropped).
-        Returns whether the set changed."""
+        check, track the new set from the next cycle: a new capture buffer, and the predictor set up again on the
+        new tensors (its per-tensor statistics restart whenever their shapes differ). Returns whether it changed."""
         if not self.store.trainable_changed():
             return False
         store = self.store
