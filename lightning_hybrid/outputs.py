@@ -34,3 +34,10 @@ def mark_predicted(output: Any) -> Any:
     if isinstance(output, Mapping):
         return {**output, PREDICTED_STEP_KEY: True}
     return output  # None: the module skipped the batch
+
+
+def loss_of(output: Any) -> Tensor | None:
+    """The loss inside a ``training_step`` output (a tensor, a dict with ``"loss"``, or ``None``)."""
+    if isinstance(output, Mapping):
+        output = output.get("loss")
+    return output.detach().float() if isinstance(output, Tensor) else None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -30,16 +30,9 @@ from lightning_hybrid.engine.record import RunRecord, StepRecord
 from lightning_hybrid.engine.segments import SegmentCycle
 from lightning_hybrid.engine.state import EngineState
 from lightning_hybrid.engine.store import ParameterStore
-from lightning_hybrid.outputs import mark_predicted
+from lightning_hybrid.outputs import loss_of, mark_predicted
 from lightning_hybrid.phase import Phase
 from lightning_hybrid.predictors import Plan
-
-
-def _loss_of(output: Any) -> Tensor | None:
-    """The loss inside a ``training_step`` output (a tensor, a dict with ``"loss"``, or ``None``)."""
-    if isinstance(output, Mapping):
-        output = output.get("loss")
-    return output.detach().float() if isinstance(output, Tensor) else None
 
 
 class HybridEngine(Learning, SegmentCycle, EngineState):
@@ -108,19 +101,6 @@ class HybridEngine(Learning, SegmentCycle, EngineState):
         parts.predictor.setup(self.store.groups, parts.encoder.dim)
         if parts.bandit is not None:
             parts.bandit.setup_arms(self.config.max_predict_steps, parts.encoder.dim)
-
-    def _follow_trainable_set(self) -> bool:
-        """At a Full cycle's end, before any segment: if parameters were frozen, unfrozen or added since the last
-        check, track the new set from the next cycle: a new capture buffer, and the predictor set up again on the
-        new tensors (its per-tensor statistics restart whenever their shapes differ). Returns whether it changed."""
-        if not self.store.trainable_changed():
-            return False
-        store = self.store
-        self._build_store(store.optimizer, store.module_buffers)
-        lrs = self.store.lrs()
-        if len(lrs) != len(self.lr_ref):  # groups came or went: learning-rate references and peaks start again
-            self.lr_ref, self.policy.lr_peak = list(lrs), list(lrs)
-        return True
 
     def close_segment(self) -> None:
         """Training ends: a segment not yet verified is rolled back, so ``fit`` never hands back unverified weights
@@ -195,7 +175,7 @@ class HybridEngine(Learning, SegmentCycle, EngineState):
             output = run()
         self.store.restore_module_buffers()  # the forward at predicted weights leaves no trace in them
         if self.automatic:
-            self.step.forward_loss = _loss_of(output)
+            self.step.forward_loss = loss_of(output)
         return mark_predicted(output)
 
     def _predict_autocast(self) -> Any:

@@ -16,6 +16,19 @@ from lightning_hybrid.stats import sq_norm
 class SegmentCycle:
     """Segment start, application, rollback and acceptance; mixed into :class:`~.engine.HybridEngine`."""
 
+    def _follow_trainable_set(self) -> bool:
+        """At a Full cycle's end, before any segment: if parameters were frozen, unfrozen or added since the last
+        check, track the new set from the next cycle: a new capture buffer, and the predictor set up again on the
+        new tensors (its per-tensor statistics restart whenever their shapes differ). Returns whether it changed."""
+        if not self.store.trainable_changed():
+            return False
+        store = self.store
+        self._build_store(store.optimizer, store.module_buffers)
+        lrs = self.store.lrs()
+        if len(lrs) != len(self.lr_ref):  # groups came or went: learning-rate references and peaks start again
+            self.lr_ref, self.policy.lr_peak = list(lrs), list(lrs)
+        return True
+
     def _try_start_segment(self) -> bool:
         """Start a Predict segment if the predictor, its confidence and the bandit allow it."""
         cfg, parts = self.config, self.parts
