@@ -223,6 +223,20 @@ class FreezeAt(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, idx):
         self.weights[trainer.global_step] = pl_module.net[0].weight.detach().clone()
 
+    def moved_by_predicted_steps(self, after: int) -> list[int]:
+        """The predicted steps after ``after`` that changed the first layer."""
+        last = max(self.weights)
+        return [
+            s for s, phase in self.phases.items()
+            if phase == "PREDICT" and after < s < last and not torch.equal(self.weights[s + 1], self.weights[s])
+        ]  # fmt: skip
+
+
+class StartsFrozen(RegressionModel):
+    def __init__(self):
+        super().__init__()
+        self.net[0].requires_grad_(False)
+
 
 def test_a_parameter_frozen_during_fit_is_never_changed_by_prediction():
     freeze = FreezeAt(step=20, trainable=False)  # inside the second cycle
@@ -234,19 +248,10 @@ def test_a_parameter_frozen_during_fit_is_never_changed_by_prediction():
 
 
 def test_a_parameter_unfrozen_during_fit_is_predicted_from_its_next_cycle():
-    class StartsFrozen(RegressionModel):
-        def __init__(self):
-            super().__init__()
-            self.net[0].requires_grad_(False)
-
     unfreeze = FreezeAt(step=20, trainable=True)
     trainer, _ = hybrid_trainer(80, extra_callbacks=[unfreeze], logger=False)
     trainer.fit(StartsFrozen(), loader())
-    moved_on_predicted = [
-        s for s, phase in unfreeze.phases.items()
-        if phase == "PREDICT" and 20 < s < 79 and not torch.equal(unfreeze.weights[s + 1], unfreeze.weights[s])
-    ]  # fmt: skip
-    assert moved_on_predicted, "the unfrozen layer was never moved by a predicted step"
+    assert unfreeze.moved_by_predicted_steps(after=20), "the unfrozen layer was never moved by a predicted step"
 
 
 def test_a_param_group_added_during_fit_is_predicted_from_its_next_cycle():
@@ -256,22 +261,14 @@ def test_a_param_group_added_during_fit_is_predicted_from_its_next_cycle():
                 pl_module.net[0].requires_grad_(True)
                 trainer.optimizers[0].add_param_group({"params": list(pl_module.net[0].parameters())})
 
-    class BackboneFrozen(RegressionModel):
-        def __init__(self):
-            super().__init__()
-            self.net[0].requires_grad_(False)
-
+    class BackboneFrozen(StartsFrozen):
         def configure_optimizers(self):
             return torch.optim.Adam(self.net[2].parameters(), lr=self.lr)
 
     watch = FreezeAt(step=-1, trainable=True)
     trainer, _ = hybrid_trainer(80, extra_callbacks=[AddsGroup(), watch], logger=False)
     trainer.fit(BackboneFrozen(), loader())
-    moved_on_predicted = [
-        s for s, phase in watch.phases.items()
-        if phase == "PREDICT" and 20 < s < 79 and not torch.equal(watch.weights[s + 1], watch.weights[s])
-    ]  # fmt: skip
-    assert moved_on_predicted, "the new param group was never moved by a predicted step"
+    assert watch.moved_by_predicted_steps(after=20), "the new param group was never moved by a predicted step"
 
 
 def test_checkpoints_and_validation_inside_a_segment_are_marked(tmp_path):
