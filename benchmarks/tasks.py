@@ -44,6 +44,15 @@ TASKS = {
     "char_gpt": Task("char_gpt", _standard(4, 20)),
     "digits_cnn": Task("digits_cnn", _standard(1.0, 1.0)),
     "word_lstm": Task("word_lstm", _standard(4, 1.0)),
+    # The char GPT under warmup-stable-decay (decay over the last 20%): the schedule of current LLM pretraining.
+    "char_gpt_wsd": Task("char_gpt", _standard(4, 20), ("model.schedule=wsd",)),
+    # 4 layers x 256 wide (3.3M parameters): the CPU task where published extrapolation gains may start to show;
+    # about 0.5 s a step at one thread, so 1000 steps take minutes.
+    "char_gpt_mid": Task(
+        "char_gpt",
+        {"quick": Length(20, 10, 2), "default": Length(1000, 50, 10), "long": Length(2000, 100, 10)},
+        ("model.n_layer=4", "model.n_embd=256"),
+    ),
     # GPT-2 small's shape (12 layers, 768 wide, 12 heads, sequence 256) over bytes: 85M parameters, GPT-2's
     # 124M less its 50,257-token embedding. For a GPU: add `trainer=gpu`.
     "char_gpt_gpt2": Task(

@@ -2,6 +2,7 @@
 
 import json
 import shutil
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -149,3 +150,29 @@ def test_the_performance_record_shows_the_table_the_harness_made_from_the_commit
     rows = [line for line in table.splitlines() if line.startswith("| ")]
     record = (ROOT / "docs" / "performance.md").read_text()
     assert len(rows) >= 2 and all(row in record for row in rows)  # the header and at least one result
+
+
+@pytest.mark.parametrize(
+    ("task", "schedule", "layers", "width", "params"),
+    [("char_gpt_wsd", "wsd", 2, 128, (0.4e6, 0.5e6)), ("char_gpt_mid", "cosine", 4, 256, (3.2e6, 3.4e6))],
+)
+def test_the_extrapolation_tasks_compose(tmp_path, task, schedule, layers, width, params):
+    from hydra.utils import instantiate
+
+    from benchmarks.tasks import compose_run
+
+    model = instantiate(compose_run(task, "default", 0, [], str(tmp_path)).model)
+    assert (model.hparams.schedule, model.hparams.n_layer, model.hparams.n_embd) == (schedule, layers, width)
+    assert params[0] < sum(p.numel() for p in model.parameters()) < params[1]
+
+
+def test_warmup_stable_decay_holds_the_peak_then_decays_over_the_last_fifth():
+    from lightning_hybrid.demos.char_gpt import CharGPT, lr_factor
+
+    factors = [lr_factor("wsd", 50, 1000, 0.2, step) for step in range(1000)]
+    assert factors[49] == 1.0 and set(factors[50:800]) == {1.0}
+    assert all(a > b for a, b in pairwise(factors[800:])) and factors[-1] == pytest.approx(0.1, abs=0.01)
+    cosine = [lr_factor("cosine", 50, 1000, 0.2, step) for step in range(1000)]
+    assert cosine[50] == 1.0 and cosine[-1] == pytest.approx(0.1, abs=1e-4)
+    with pytest.raises(ValueError, match="`schedule` must be one of 'constant', 'cosine', 'wsd', got 'linear'"):
+        CharGPT(schedule="linear")

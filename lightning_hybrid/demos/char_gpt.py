@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import sysconfig
+from functools import partial
 from pathlib import Path
 
 import lightning as L
@@ -17,6 +18,7 @@ from torch import nn
 from torchmetrics.text import Perplexity
 
 from lightning_hybrid.demos.splits import SplitData, TokenWindows
+from lightning_hybrid.validation import check_choice, check_float
 
 # ----------------------------------------------------------------------------------------------------- data
 
@@ -93,6 +95,24 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
+SCHEDULES = ("cosine", "wsd", "constant")
+
+
+def lr_factor(schedule: str, warmup: int, total: int, decay_fraction: float, step: int) -> float:
+    """The learning rate at ``step`` as a fraction of the peak: a linear warmup, then ``cosine`` to 10%,
+    ``wsd`` (warmup-stable-decay: constant, then linear to 10% over the last ``decay_fraction`` of the run, the
+    schedule of current LLM pretraining) or ``constant``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    if schedule == "wsd":
+        decay_start = total - decay_fraction * total
+        return 1.0 - 0.9 * min(1.0, max(0.0, step - decay_start) / max(1.0, total - decay_start))
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+
 class CharGPT(L.LightningModule):
     """A small GPT over bytes; an ordinary LightningModule that knows nothing of hybrid training."""
 
@@ -105,8 +125,12 @@ class CharGPT(L.LightningModule):
         lr: float = 3e-3,
         warmup_steps: int = 50,
         max_steps: int = 600,
+        schedule: str = "cosine",
+        decay_fraction: float = 0.2,
     ) -> None:
         super().__init__()
+        check_choice("CharGPT", "schedule", schedule, SCHEDULES)
+        check_float("CharGPT", "decay_fraction", decay_fraction, 0.0, 1.0, open_low=True)
         self.save_hyperparameters()
         self.tok = nn.Embedding(256, n_embd)
         self.pos = nn.Embedding(block_size, n_embd)
@@ -136,11 +160,7 @@ class CharGPT(L.LightningModule):
         hp = self.hparams
         opt = torch.optim.AdamW(self.parameters(), lr=hp.lr, weight_decay=0.01)
 
-        def schedule(step: int) -> float:  # linear warmup, then cosine to 10%
-            if step < hp.warmup_steps:
-                return (step + 1) / hp.warmup_steps
-            progress = min(1.0, (step - hp.warmup_steps) / max(1, hp.max_steps - hp.warmup_steps))
-            return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
-
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, partial(lr_factor, hp.schedule, hp.warmup_steps, hp.max_steps, hp.decay_fraction)
+        )
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
