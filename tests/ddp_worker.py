@@ -17,8 +17,8 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from lightning_hybrid import HybridDDPStrategy, HybridFSDPStrategy, HybridScheduler, hybrid_callbacks
-from tests.helpers import FAST, FAST_PHASES, RegressionModel, flat_params, hybrid_trainer, loader
+from lightning_hybrid import HybridDDPStrategy, HybridFSDPStrategy, hybrid_callbacks
+from tests.helpers import FAST, FAST_PHASES, RegressionModel, flat_params, hybrid_trainer, loader, scheduler_of
 from tests.test_resume import LEARNED, _callbacks
 
 STRATEGIES = {
@@ -36,7 +36,7 @@ class Record(L.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, idx):
         if self.first_batch is None:
             self.first_batch = batch[0].clone()
-        scheduler = next(cb for cb in trainer.callbacks if isinstance(cb, HybridScheduler))
+        scheduler = scheduler_of(trainer)
         self.phases.append(int(scheduler.phase))
 
 
@@ -69,7 +69,7 @@ def main(out_dir: str, kind: str, nodes: int = 1, resume: str | None = None) -> 
     model = RegressionModel(scheduler=True, optimizer=optimizer or "adam")
     ckpt_path = resume if resume not in (None, "save") else None
     trainer.fit(model, loader(512, batch_size=16), ckpt_path=ckpt_path)  # 16 steps per epoch and rank
-    scheduler = next(cb for cb in trainer.callbacks if isinstance(cb, HybridScheduler))
+    scheduler = scheduler_of(trainer)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     torch.save(
         {

@@ -10,7 +10,7 @@ from lightning_hybrid import DivergenceMonitor, HorizonBandit, Phase, hybrid_cal
 from lightning_hybrid.callbacks import DynamicsPredictor, HybridScheduler, ResidualCorrector
 from lightning_hybrid.config import HybridConfig
 from lightning_hybrid.predictors import LinearPredictor, Plan
-from tests.helpers import FAST_PHASES, RegressionModel, flat_params, hybrid_trainer, loader, phases
+from tests.helpers import FAST_PHASES, RegressionModel, flat_params, hybrid_trainer, loader, phases, scheduler_of
 
 
 class ScaledPredictor(LinearPredictor):
@@ -47,13 +47,13 @@ class SegmentWatch(Callback):
         self.starts, self.after_rollback, self._rollbacks, self._prev = [], [], 0, None
 
     def on_train_batch_start(self, trainer, pl_module, batch, idx):
-        scheduler = next(cb for cb in trainer.callbacks if isinstance(cb, HybridScheduler))
+        scheduler = scheduler_of(trainer)
         if scheduler.phase is Phase.PREDICT and self._prev is not Phase.PREDICT:
             self.starts.append(flat_params(pl_module))
         self._prev = scheduler.phase
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, idx):
-        scheduler = next(cb for cb in trainer.callbacks if isinstance(cb, HybridScheduler))
+        scheduler = scheduler_of(trainer)
         if scheduler.counters.rollbacks > self._rollbacks:
             self._rollbacks = scheduler.counters.rollbacks
             self.after_rollback.append((len(self.starts) - 1, flat_params(pl_module)))

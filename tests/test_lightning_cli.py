@@ -6,12 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from lightning_hybrid import HorizonBandit, HybridPredictStrategy, HybridScheduler
+from lightning_hybrid import HorizonBandit, HybridPredictStrategy
 
 pytest.importorskip("jsonargparse", reason="LightningCLI needs jsonargparse (a test dependency)")
 from lightning.pytorch.cli import LightningCLI
 
 from tests.app_models import UserData, UserRegression
+from tests.helpers import scheduler_of
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,7 +39,7 @@ def test_the_readme_yaml_trains_an_unchanged_module_with_the_plugin(tmp_path):
     )  # fmt: skip
     trainer = cli.trainer
     assert isinstance(trainer.strategy, HybridPredictStrategy)
-    scheduler = next(cb for cb in trainer.callbacks if isinstance(cb, HybridScheduler))
+    scheduler = scheduler_of(trainer)
     assert scheduler.config.warmup_steps == 100 and scheduler.config.predict_lr_fraction == 0.4
     assert sum(isinstance(cb, HorizonBandit) for cb in trainer.callbacks) == 1
     summary = json.loads((tmp_path / "hybrid_summary.json").read_text())

@@ -12,7 +12,15 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import nn
 
 from lightning_hybrid import DivergenceMonitor, DynamicsPredictor, HybridScheduler, ResidualCorrector, is_predicted_step
-from tests.helpers import FAST_PHASES, RegressionModel, SometimesExploding, flat_params, hybrid_trainer, loader
+from tests.helpers import (
+    FAST_PHASES,
+    RegressionModel,
+    SometimesExploding,
+    flat_params,
+    hybrid_trainer,
+    loader,
+    scheduler_of,
+)
 
 
 def _rolling_back(**settings):
@@ -145,7 +153,7 @@ class BufferWatch(L.Callback):
         return [b.detach().clone() for b in module.buffers()]
 
     def on_train_batch_start(self, trainer, pl_module, batch, idx):
-        scheduler = next(cb for cb in trainer.callbacks if isinstance(cb, HybridScheduler))
+        scheduler = scheduler_of(trainer)
         phase = scheduler.phase
         if phase.name == "PREDICT" and self.last_phase is not None and self.last_phase.name != "PREDICT":
             self.at_start = self._buffers(pl_module)
@@ -155,7 +163,7 @@ class BufferWatch(L.Callback):
         self.last_phase = phase
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, idx):
-        scheduler = next(cb for cb in trainer.callbacks if isinstance(cb, HybridScheduler))
+        scheduler = scheduler_of(trainer)
         if scheduler.counters.rollbacks > self.rollbacks:
             self.rollbacks = scheduler.counters.rollbacks
             now = self._buffers(pl_module)
@@ -201,7 +209,7 @@ def test_a_callback_tells_predicted_steps_from_ordinary_ones_by_the_output(forwa
     reader = ReadsPreds()
     trainer, _ = hybrid_trainer(60, {"predict_forward_every": forward_every}, extra_callbacks=[reader], logger=False)
     trainer.fit(DictOutputs(), loader())
-    scheduler = next(cb for cb in trainer.callbacks if isinstance(cb, HybridScheduler))
+    scheduler = scheduler_of(trainer)
     summary = scheduler.summary()
     assert reader.predicted == summary["steps_by_phase"]["predict"] > 0
     assert reader.read == summary["steps_total"] - reader.predicted
@@ -217,7 +225,7 @@ class FreezeAt(L.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, idx):
         if trainer.global_step == self.step:
             pl_module.net[0].requires_grad_(self.trainable)
-        scheduler = next(cb for cb in trainer.callbacks if isinstance(cb, HybridScheduler))
+        scheduler = scheduler_of(trainer)
         self.phases[trainer.global_step] = scheduler.phase.name
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, idx):
@@ -330,7 +338,7 @@ def test_param_groups_under_one_cycle_see_plain_lightnings_lr_sequence():
     ).fit(OneCycleGroups(), loader())  # fmt: skip
     trainer, _ = hybrid_trainer(60, extra_callbacks=[hybrid_lrs], logger=False)
     trainer.fit(OneCycleGroups(), loader())
-    scheduler = next(cb for cb in trainer.callbacks if isinstance(cb, HybridScheduler))
+    scheduler = scheduler_of(trainer)
     assert scheduler.counters.steps_by_phase["predict"] > 0
     assert hybrid_lrs.lrs == plain_lrs.lrs
 
@@ -357,7 +365,7 @@ def test_tied_weights_stay_tied_and_are_stored_once():
     model = TiedWeights()
     trainer.fit(model, loader())
     assert model.back.weight is model.inp.weight
-    scheduler = next(cb for cb in trainer.callbacks if isinstance(cb, HybridScheduler))
+    scheduler = scheduler_of(trainer)
     assert scheduler.counters.steps_by_phase["predict"] > 0 and torch.isfinite(flat_params(model)).all()
     assert len(trainer.optimizers[0].param_groups[0]["params"]) == len(list(model.parameters()))
 
@@ -382,7 +390,7 @@ def test_swa_plateau_scheduling_and_a_second_fit_keep_working():
     trainer.fit(model, loader())
     trainer.fit_loop.epoch_loop.max_steps = 60  # fit again on the same Trainer: the scheduler carries on
     trainer.fit(model, loader())
-    scheduler = next(cb for cb in trainer.callbacks if isinstance(cb, HybridScheduler))
+    scheduler = scheduler_of(trainer)
     assert trainer.global_step == 60 and scheduler.counters.steps_total == 60
     assert torch.isfinite(flat_params(model)).all()
 
@@ -397,7 +405,7 @@ def test_value_clipping_with_a_gradient_scaler_survives_skipped_steps():
     )  # fmt: skip
     model = RegressionModel()
     trainer.fit(model, loader())
-    scheduler = next(cb for cb in trainer.callbacks if isinstance(cb, HybridScheduler))
+    scheduler = scheduler_of(trainer)
     assert scheduler.counters.rollbacks >= 1 and trainer.global_step == 60
     assert torch.isfinite(flat_params(model)).all()
 
@@ -419,7 +427,7 @@ def test_a_modules_torchmetric_counts_only_the_batches_its_training_step_saw():
     trainer, _ = hybrid_trainer(60, {"predict_forward_every": 0}, logger=False)
     model = WithMetric()
     trainer.fit(model, loader())
-    scheduler = next(cb for cb in trainer.callbacks if isinstance(cb, HybridScheduler))
+    scheduler = scheduler_of(trainer)
     ordinary = scheduler.counters.steps_total - scheduler.counters.steps_by_phase["predict"]
     assert scheduler.counters.steps_by_phase["predict"] > 0
     assert int(model.train_mse.total) == ordinary * 32  # predicted steps without a forward add nothing

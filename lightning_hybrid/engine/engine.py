@@ -85,9 +85,10 @@ class HybridEngine(Learning, SegmentCycle, EngineState):
         if self._pending_snapshot is not None:
             self.store.load_snapshot(self._pending_snapshot)
             self._pending_snapshot = None
+        lrs = self.store.lrs()
         if not self.lr_ref:
-            self.lr_ref = self.store.lrs()
-        self.policy.start(self.store.lrs())
+            self.lr_ref = lrs
+        self.policy.start(lrs)
         self.automatic = automatic
         self.global_step, self.world_size = global_step, world_size
         self.record.start_clock()
@@ -258,12 +259,16 @@ class HybridEngine(Learning, SegmentCycle, EngineState):
     # -- reporting and state -------------------------------------------------------------------------------------
     def metrics(self, predicted_loss: float) -> dict[str, float]:
         """The ``hybrid/*`` scalars of the step just ended."""
-        parts = self.parts
-        view = {"confidence": parts.predictor.confidence(), "uncertainty": parts.predictor.uncertainty()}
-        if parts.bandit is not None:
-            view["bandit_arm"] = float(self.record.bandit_arm)
+        predictor = self.parts.predictor
         horizon = self.plan.horizon if self.plan is not None else 0
-        return self.record.metrics(self.step, predicted_loss, horizon, view)
+        return self.record.metrics(
+            self.step,
+            predicted_loss,
+            horizon,
+            predictor.confidence(),
+            predictor.uncertainty(),
+            self.parts.bandit is not None,
+        )
 
     def summary(self) -> dict[str, Any]:
         """Whole-run numbers, as written to ``hybrid_summary.json``."""

@@ -66,13 +66,15 @@ class RunRecord:
         if step.backed_off:
             self.counters.backed_off_steps += 1
 
-    def metrics(self, step: StepRecord, predicted_loss: float, horizon: int, engine_view: dict[str, float]) -> dict:
-        """The ``hybrid/*`` scalars of a finished step. ``engine_view`` adds the predictor's confidence and
-        uncertainty (and the bandit's arm). The band has zero width on ordinary steps, where the one-step
-        prediction carries no bound, so the value, lower and upper curves always share their steps."""
+    def metrics(
+        self, step: StepRecord, predicted_loss: float, horizon: int, confidence: float, uncertainty: float, bandit: bool
+    ) -> dict[str, float]:
+        """The ``hybrid/*`` scalars of a finished step (``bandit``: whether a bandit chooses horizons). The band has
+        zero width on ordinary steps, where the one-step prediction carries no bound, so the value, lower and upper
+        curves always share their steps."""
         metrics = {
             "hybrid/phase": float(step.phase),
-            "hybrid/confidence": engine_view["confidence"],
+            "hybrid/confidence": confidence,
             "hybrid/horizon": float(horizon if step.phase is Phase.PREDICT else 0),
             "hybrid/rollbacks": float(self.counters.rollbacks),
             "hybrid/backward_skipped_pct": self.counters.backward_skipped_pct,
@@ -87,9 +89,9 @@ class RunRecord:
         if math.isfinite(step.error):
             metrics["hybrid/prediction_error"] = step.error
         metrics["hybrid/correction_magnitude"] = max((abs(math.log(f)) for f in self.factors), default=0.0)
-        metrics["hybrid/uncertainty"] = engine_view["uncertainty"]
-        if "bandit_arm" in engine_view:
-            metrics["hybrid/bandit_arm"] = engine_view["bandit_arm"]
+        metrics["hybrid/uncertainty"] = uncertainty
+        if bandit:
+            metrics["hybrid/bandit_arm"] = float(self.bandit_arm)
         return metrics
 
     def summary(self) -> dict[str, Any]:
