@@ -20,6 +20,7 @@ import platform
 import re
 import statistics
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from omegaconf import open_dict
 
 from benchmarks.curves import AXES, Curve, CurveRecorder, time_to_target, value_at
 from benchmarks.report import plot_task, write_table
-from benchmarks.tasks import TASKS, compose_run, hybrid_steps
+from benchmarks.tasks import TASKS, Length, compose_run, hybrid_steps, length_of
 from lightning_hybrid.callbacks import find_scheduler
 from lightning_hybrid.runner import build_run
 
@@ -95,31 +96,49 @@ def compare_seed(baseline: Record, hybrid: Record, steps: int) -> dict[str, Any]
     return result
 
 
-def run_task(task: str, length: str, seeds: int, overrides: list[str], workdir: str) -> dict[str, Any]:
-    spec = TASKS[task].lengths[length]
-    warm = compose_run(task, length, 0, overrides, workdir)
+def baseline_target(baseline: Record, spec: Length) -> Callable[[Curve], bool]:
+    """When a hybrid run has shown enough: it has reached the baseline's final loss and passed the baseline's
+    steps and time, so nothing is left to report."""
+    end = baseline.curve.points[-1]
+    clock = "wall_s" if baseline.device == "cuda" else "cpu_s"
+
+    def shown_enough(curve: Curve) -> bool:
+        last = curve.points[-1]
+        reached = min(curve.losses) <= end.val_loss
+        return reached and last.step >= spec.steps and getattr(last, clock) >= getattr(end, clock)
+
+    return shown_enough
+
+
+def hybrid_against(
+    task: str, spec: Length, seed: int, overrides: list[str], workdir: str, baseline: Record, max_steps: int
+) -> dict[str, Any]:
+    """One hybrid run of ``max_steps`` at most, compared with its seed's ``baseline``."""
+    cfg = compose_run(task, spec, seed, overrides, workdir)
+    with open_dict(cfg):
+        cfg.trainer.max_steps = max_steps
+    hybrid = fit(cfg, hybrid=True, stop=baseline_target(baseline, spec))
+    clock = "wall_s" if baseline.device == "cuda" else "cpu_s"
+    return {"seed": seed, "clock": clock} | compare_seed(baseline, hybrid, spec.steps)
+
+
+def warm_up(task: str, spec: Length, overrides: list[str], workdir: str) -> None:
+    """A discarded short run: one-time costs (lazy init, allocator, data setup) must not hit run 1 alone."""
+    warm = compose_run(task, spec, 0, overrides, workdir)
     with open_dict(warm):
         warm.trainer.max_steps = warm.trainer.val_check_interval = min(20, spec.steps)
-    fit(warm, hybrid=True)  # discarded: one-time costs (lazy init, allocator, data setup) must not hit run 1 alone
+    fit(warm, hybrid=True)
+
+
+def run_task(task: str, spec: Length, seeds: int, overrides: list[str], workdir: str) -> dict[str, Any]:
+    warm_up(task, spec, overrides, workdir)
     per_seed = []
     for seed in range(seeds):
-        baseline = fit(compose_run(task, length, seed, overrides, workdir), hybrid=False)
-        end = baseline.curve.points[-1]
-        clock = "wall_s" if baseline.device == "cuda" else "cpu_s"
-
-        def shown_enough(curve: Curve, end=end, clock=clock) -> bool:
-            """Hybrid has reached the target and passed the baseline's steps and time: nothing left to report."""
-            last = curve.points[-1]
-            reached = min(curve.losses) <= end.val_loss
-            return reached and last.step >= spec.steps and getattr(last, clock) >= getattr(end, clock)
-
-        cfg = compose_run(task, length, seed, overrides, workdir)
-        with open_dict(cfg):
-            cfg.trainer.max_steps = hybrid_steps(spec)
-        hybrid = fit(cfg, hybrid=True, stop=shown_enough)
-        per_seed.append({"seed": seed, "clock": clock} | compare_seed(baseline, hybrid, spec.steps))
-        print(f"{task} seed {seed}: target {end.val_loss:.4f}, speedup {per_seed[-1]['to_target'][clock]['speedup']}")
-    return {"task": task, "length": length, "steps": spec.steps, "overrides": overrides, "seeds": per_seed}
+        baseline = fit(compose_run(task, spec, seed, overrides, workdir), hybrid=False)
+        per_seed.append(hybrid_against(task, spec, seed, overrides, workdir, baseline, hybrid_steps(spec)))
+        speedup = per_seed[-1]["to_target"][per_seed[-1]["clock"]]["speedup"]
+        print(f"{task} seed {seed}: target {per_seed[-1]['target']:.4f}, speedup {speedup}")
+    return {"task": task, "length": spec.name, "steps": spec.steps, "overrides": overrides, "seeds": per_seed}
 
 
 def summarize(result: dict[str, Any]) -> dict[str, Any]:
@@ -159,6 +178,11 @@ def machine() -> dict[str, Any]:
     return info
 
 
+def label(overrides: list[str]) -> str:
+    """A configuration's file-name label, from its overrides."""
+    return re.sub(r"[^A-Za-z0-9.=-]+", "_", "_".join(overrides)) or "defaults"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", default="all", choices=[*TASKS, "all"], help="all: every task but char_gpt_gpt2")
@@ -166,6 +190,7 @@ def main(argv: list[str] | None = None) -> None:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--quick", action="store_const", const="quick", dest="length", help="a few dozen steps")
     group.add_argument("--long", action="store_const", const="long", dest="length", help="several thousand steps")
+    parser.add_argument("--steps", type=int, default=None, help="train this many steps instead of a named length")
     parser.add_argument("--name", default=None, help="label of this hybrid configuration (default: from overrides)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     parser.add_argument(
@@ -178,10 +203,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.seeds < 1:
         parser.error(f"--seeds must be at least 1, got {args.seeds}")
+    if args.steps is not None and args.steps < 1:
+        parser.error(f"--steps must be at least 1, got {args.steps}")
     if args.threads is not None and args.threads < 1:
         parser.error(f"--threads must be at least 1, got {args.threads}")
     length = args.length or "default"
-    name = args.name or (re.sub(r"[^A-Za-z0-9.=-]+", "_", "_".join(args.overrides)) or "defaults")
+    name = args.name or label(args.overrides)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -189,12 +216,17 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for task in CPU_TASKS if args.task == "all" else [args.task]:
         with tempfile.TemporaryDirectory() as workdir:
-            result = run_task(task, length, args.seeds, args.overrides, workdir)
-        result |= {"name": name, "machine": machine(), "summary": summarize(result)}
-        stem = f"{task}_{length}_{name}"
-        (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
-        plot_task(result, out / f"{stem}.png")
+            result = run_task(task, length_of(task, length, args.steps), args.seeds, args.overrides, workdir)
+        save_result(out, result, name)
     print(write_table(out))
+
+
+def save_result(out: Path, result: dict[str, Any], name: str) -> None:
+    """Write one configuration's result as ``<task>_<length>_<name>.json`` and its plot beside it."""
+    result |= {"name": name, "machine": machine(), "summary": summarize(result)}
+    stem = f"{result['task']}_{result['length']}_{name}"
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
+    plot_task(result, out / f"{stem}.png")
 
 
 if __name__ == "__main__":

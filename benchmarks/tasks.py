@@ -17,11 +17,12 @@ HYBRID_BUDGET = 1.5  # hybrid may train this many times the baseline's steps to 
 
 @dataclass(frozen=True)
 class Length:
-    """How long a run is and how often it is validated (in steps)."""
+    """How long a run is and how often it is validated (in steps); ``name`` labels its result files."""
 
     steps: int
     val_every: int
     val_batches: int | float
+    name: str = ""
 
 
 @dataclass(frozen=True)
@@ -63,16 +64,25 @@ TASKS = {
 }
 
 
+def length_of(task: str, name: str, steps: int | None = None) -> Length:
+    """The task's named length, or with ``steps`` a length of that many steps validated 20 times (as often as the
+    named length's validation batches allow) and labelled ``<steps>steps``."""
+    spec = TASKS[task].lengths[name]
+    if steps is None:
+        return Length(spec.steps, spec.val_every, spec.val_batches, name)
+    return Length(steps, max(1, steps // 20), spec.val_batches, f"{steps}steps")
+
+
 def hybrid_steps(length: Length) -> int:
     """The hybrid run's step budget: ``HYBRID_BUDGET`` times the baseline's, on a validation boundary."""
     evaluations = math.ceil(HYBRID_BUDGET * length.steps / length.val_every)
     return evaluations * length.val_every
 
 
-def compose_run(task: str, length: str, seed: int, overrides: Sequence[str], output_dir: str) -> DictConfig:
+def compose_run(task: str, length: str | Length, seed: int, overrides: Sequence[str], output_dir: str) -> DictConfig:
     """The app config of one benchmark run: the task's experiment, its length, quiet output, no logger (the
     harness records its own curves) and the user's ``overrides`` (e.g. ``predictor=rssm``) on top."""
-    spec = TASKS[task].lengths[length]
+    spec = length_of(task, length) if isinstance(length, str) else length
     base = [
         f"experiment={TASKS[task].experiment}",
         f"seed={seed}",

@@ -18,9 +18,20 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_hybrid import HybridDDPStrategy, HybridFSDPStrategy, hybrid_callbacks
-from tests.helpers import FAST, FAST_PHASES, RegressionModel, flat_params, hybrid_trainer, loader, scheduler_of
+from lightning_hybrid.predictors import OuterMomentum, PrimalAverage
+from tests.helpers import (
+    FAST,
+    FAST_PHASES,
+    RULE_PHASES,
+    RegressionModel,
+    flat_params,
+    hybrid_trainer,
+    loader,
+    scheduler_of,
+)
 from tests.test_resume import LEARNED, _callbacks
 
+RULES = {"outer": OuterMomentum, "average": PrimalAverage}
 STRATEGIES = {
     "ddp": HybridDDPStrategy,
     "fsdp": HybridFSDPStrategy,
@@ -50,6 +61,8 @@ def main(out_dir: str, kind: str, nodes: int = 1, resume: str | None = None) -> 
         callbacks = hybrid_callbacks(**FAST, enable_prediction=False)
     elif kind == "exploding":
         callbacks = _callbacks("exploding")
+    elif kind in RULES:
+        callbacks = hybrid_callbacks(predictor=RULES[kind](), **RULE_PHASES)
     else:  # a learned predictor with the bandit timing steps in wall-clock seconds, which differ per rank
         callbacks = hybrid_callbacks(predictor=kind, **FAST_PHASES, **LEARNED[kind])
     extra: list[L.Callback] = [record]
@@ -76,10 +89,13 @@ def main(out_dir: str, kind: str, nodes: int = 1, resume: str | None = None) -> 
             "phases": record.phases,
             "first_batch": record.first_batch,
             "params": flat_params(model),
-            "local_numel": sum(t.numel() for g in scheduler.predictor.predictor.directions() for t in g),
+            "local_numel": sum(t.numel() for g in scheduler.predictor.predictor.directions() for t in g)
+            if kind not in RULES
+            else None,
             "summary": scheduler.summary(),
             "monitor": scheduler.monitor.state_dict(),
-            "loss_trend": scheduler.predictor.predictor.state_dict()["trend"],
+            "loss_trend": scheduler.predictor.predictor.state_dict().get("trend"),
+            "rule": scheduler.predictor.predictor.state_dict() if kind in RULES else None,
         },
         f"{out_dir}/rank{trainer.global_rank}.pt",
     )

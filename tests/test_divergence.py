@@ -186,7 +186,7 @@ def test_monitor_signals():
     assert monitor.check(1.0 + 2 * std, 10.0) is None
     assert monitor.check(1.0, 10.0) is None
     assert monitor.check(1.0 + 2 * std, 10.0) == "oscillation"
-    assert monitor.events == {"nonfinite": 2, "bound": 1, "zscore": 1, "oscillation": 1}
+    assert monitor.events == {"nonfinite": 2, "bound": 1, "zscore": 1, "oscillation": 1, "delayed": 0}
     monitor.start_segment()  # small alternations are noise, not oscillation
     for v in (1.0, 1.0 + 0.5 * std, 1.0, 1.0 + 0.5 * std, 1.0):
         assert monitor.check(v, 10.0) is None

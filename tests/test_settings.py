@@ -34,7 +34,8 @@ def test_max_predict_steps_zero_is_fine_when_prediction_is_off():
 
 
 def test_unknown_predictor_name():
-    with pytest.raises(ValueError, match=r"`predictor` must be one of 'linear', 'mlp', 'rssm', got 'oracle'"):
+    known = "'average', 'linear', 'mlp', 'outer', 'rssm'"
+    with pytest.raises(ValueError, match=rf"`predictor` must be one of {known}, got 'oracle'"):
         hybrid_callbacks(predictor="oracle")
     with pytest.raises(ValueError, match="'oracle'"):
         DynamicsPredictor("oracle")
@@ -92,7 +93,7 @@ def test_component_settings_are_validated(factory, pattern):
 @pytest.mark.parametrize(
     ("settings", "match"),
     [
-        ({"bandit": "False"}, r"hybrid_callbacks: `bandit` must be True or False, got 'False'"),
+        ({"bandit": "False"}, r"hybrid_callbacks: `bandit` must be True, False or None, got 'False'"),
         ({"bandit": False, "alpha": -1}, r"HorizonBandit: `alpha` must be a finite number in \[0.0, inf\), got -1"),
         ({"feature_dim": 0}, r"DynamicsPredictor: `feature_dim` must be an integer >= 14, got 0"),
     ],

@@ -17,7 +17,7 @@ from lightning_hybrid.callbacks.predictor import DynamicsPredictor
 from lightning_hybrid.callbacks.progress import HybridProgressBar
 from lightning_hybrid.callbacks.scheduler import HybridScheduler, find_scheduler
 from lightning_hybrid.config import HybridConfig
-from lightning_hybrid.predictors import PREDICTORS, Predictor, init_chain
+from lightning_hybrid.predictors import PREDICTORS, AnyPredictor, Predictor, TrajectoryRule, init_chain
 from lightning_hybrid.validation import check_choice
 
 # Which component owns which setting of `hybrid_callbacks`: each name appears once, with its default, in the
@@ -36,22 +36,29 @@ def settings_of(init: Callable[..., Any]) -> set[str]:
     return {name for name in inspect.signature(init).parameters if name not in NOT_SETTINGS}
 
 
-def hybrid_callbacks(predictor: str | Predictor = "linear", bandit: bool = True, **settings: Any) -> list[Callback]:
+def hybrid_callbacks(
+    predictor: str | AnyPredictor = "linear", bandit: bool | None = None, **settings: Any
+) -> list[Callback]:
     """The callbacks hybrid training needs, with settings applied.
 
-    ``predictor`` is a registered name or a :class:`Predictor` instance. ``bandit=False`` leaves out the
-    :class:`HorizonBandit` (its settings are then checked and unused), and the horizon follows the scheduler's
-    halve-on-failure rule. Every other keyword goes to the component that owns a setting of that name, with that
-    component's default when not given: :class:`HybridConfig` (the phase settings), :class:`DivergenceMonitor`,
-    :class:`ResidualCorrector`, :class:`HorizonBandit`, :class:`DynamicsPredictor` (``feature_dim``), or a named
-    predictor (e.g. ``decay`` of ``linear``). Unknown or ambiguous names raise ``TypeError``.
+    ``predictor`` is a registered name or a :class:`Predictor` or :class:`TrajectoryRule` instance. ``bandit``:
+    whether to add the :class:`HorizonBandit`; ``None`` (the default) adds it for per-step predictors and leaves it
+    out for trajectory rules (``outer``, ``average``), which make no Predict segments to choose horizons for. Left
+    out, its settings are still checked, and the horizon follows the scheduler's halve-on-failure rule. Every other
+    keyword goes to the component that owns a setting of that name, with that component's default when not given:
+    :class:`HybridConfig` (the phase settings), :class:`DivergenceMonitor`, :class:`ResidualCorrector`,
+    :class:`HorizonBandit`, :class:`DynamicsPredictor` (``feature_dim``), or a named predictor (e.g. ``decay`` of
+    ``linear``). Unknown or ambiguous names raise ``TypeError``.
     """
-    if not isinstance(bandit, bool):
-        raise ValueError(f"hybrid_callbacks: `bandit` must be True or False, got {bandit!r}")
-    if not isinstance(predictor, Predictor):
+    if bandit is not None and not isinstance(bandit, bool):
+        raise ValueError(f"hybrid_callbacks: `bandit` must be True, False or None, got {bandit!r}")
+    if not isinstance(predictor, (Predictor, TrajectoryRule)):
         check_choice("hybrid_callbacks", "predictor", predictor, PREDICTORS)
+    if bandit is None:  # a trajectory rule makes no segments for a bandit to choose
+        kind = type(predictor) if isinstance(predictor, (Predictor, TrajectoryRule)) else PREDICTORS[predictor]
+        bandit = not issubclass(kind, TrajectoryRule)
     known = {owner: settings_of(cls.__init__) for owner, cls in SETTING_OWNERS.items()}
-    chain = [] if isinstance(predictor, Predictor) else init_chain(PREDICTORS[predictor])
+    chain = [] if isinstance(predictor, (Predictor, TrajectoryRule)) else init_chain(PREDICTORS[predictor])
     known["predictor"] = set().union(*(settings_of(init) for init in chain))
     owners: dict[str, dict[str, Any]] = {owner: {} for owner in known}
     for name, value in settings.items():

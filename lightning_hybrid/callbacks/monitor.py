@@ -11,7 +11,7 @@ from lightning_hybrid.callbacks.base import HybridComponent
 from lightning_hybrid.stats import EmaStats
 from lightning_hybrid.validation import check_float, check_int
 
-REASONS = ("nonfinite", "bound", "zscore", "oscillation")
+REASONS = ("nonfinite", "bound", "zscore", "oscillation", "delayed")
 
 
 class DivergenceMonitor(HybridComponent):
@@ -21,6 +21,12 @@ class DivergenceMonitor(HybridComponent):
     warmup/full statistics exceeds ``z_threshold``; and oscillation, i.e. the last ``oscillation_window`` loss
     changes inside the segment alternate in sign and each exceeds ``oscillation_sigmas`` noise deviations.
 
+    A trajectory rule's jump (``predictor="outer"``) is judged twice: on the first ordinary step after it, only for
+    divergence (a non-finite loss or a z-score above ``z_threshold``), and over a delayed window: the mean loss of
+    the last ``verify_window`` steps of the Full cycle after the jump, against the same window of the cycle before
+    it. A useful jump often raises the loss at first and pays once the optimizer has settled, so
+    judging it right after would reject exactly those.
+
     Args:
         z_threshold: largest tolerated z-score of a predicted-step loss (> 0).
         oscillation_window: number of alternating loss changes that count as oscillation; 0 disables the signal.
@@ -29,6 +35,10 @@ class DivergenceMonitor(HybridComponent):
         grad_outlier_factor: an ordinary step whose gradient norm exceeds this many times the running mean (once
             10 steps are known) is skipped, so one exploding gradient cannot wreck the optimizer's moments;
             0 disables the check.
+        verify_window: ordinary steps at the end of the Full cycle after a jump whose mean loss keeps or rolls back
+            the jump (at most ``full_steps``); 0 keeps every jump unchecked and holds no copy of it.
+        verify_sigmas: a jump is rolled back when that mean exceeds the window's mean before the jump by more than
+            this many standard errors (> 0).
     """
 
     def __init__(
@@ -38,6 +48,8 @@ class DivergenceMonitor(HybridComponent):
         oscillation_sigmas: float = 1.5,
         stats_decay: float = 0.98,
         grad_outlier_factor: float = 100.0,
+        verify_window: int = 10,
+        verify_sigmas: float = 2.0,
     ) -> None:
         owner = "DivergenceMonitor"
         self.z_threshold = check_float(owner, "z_threshold", z_threshold, 0.0, open_low=True)
@@ -45,6 +57,8 @@ class DivergenceMonitor(HybridComponent):
         self.oscillation_sigmas = check_float(owner, "oscillation_sigmas", oscillation_sigmas, 0.0)
         self.stats_decay = check_float(owner, "stats_decay", stats_decay, 0.0, 1.0 - 1e-12)
         self.grad_outlier_factor = check_float(owner, "grad_outlier_factor", grad_outlier_factor, 0.0)
+        self.verify_window = check_int(owner, "verify_window", verify_window, 0)
+        self.verify_sigmas = check_float(owner, "verify_sigmas", verify_sigmas, 0.0, open_low=True)
         self.loss_stats = EmaStats(stats_decay)
         self.grad_norm_stats = EmaStats(stats_decay)
         self.events = {reason: 0 for reason in REASONS}
@@ -73,16 +87,43 @@ class DivergenceMonitor(HybridComponent):
             self.events[reason] += 1
         return reason
 
+    def diverged(self, loss: float) -> str | None:
+        """The check right after a jump: only divergence (non-finite, or a z-score above ``z_threshold``)."""
+        reason = None
+        if not math.isfinite(loss):
+            reason = "nonfinite"
+        elif self._z_score(loss) > self.z_threshold:
+            reason = "zscore"
+        if reason is not None:
+            self.events[reason] += 1
+        return reason
+
+    def judge_window(self, before: float, after: float, spread: float) -> str | None:
+        """The delayed verdict on a jump: ``after`` is the mean loss of the verification window after it, ``before``
+        the same window's mean in the cycle before it, ``spread`` the losses' standard deviation within windows. The
+        jump is kept when, once the optimizer has settled, the loss is no higher than before it, within
+        ``verify_sigmas`` standard errors of the difference. A linear extrapolation of earlier windows' progress
+        would expect too much on a loss curve that flattens (measured on the river-valley test: it rejected a
+        jump that paid), and a cycle's progress is small against batch noise on real tasks."""
+        tolerance = self.verify_sigmas * spread * math.sqrt(2.0 / self.verify_window)
+        reason = "nonfinite" if not math.isfinite(after) else "delayed" if after > before + tolerance else None
+        if reason is not None:
+            self.events[reason] += 1
+        return reason
+
+    def _z_score(self, loss: float) -> float:
+        std = self.loss_stats.std
+        return (loss - self.loss_stats.mean) / std if std > 0 else 0.0
+
     def _reason(self, loss: float, upper_bound: float) -> str | None:
         if not math.isfinite(loss):
             return "nonfinite"
         if loss > upper_bound:
             return "bound"
-        std = self.loss_stats.std
-        if std > 0 and (loss - self.loss_stats.mean) / std > self.z_threshold:
+        if self._z_score(loss) > self.z_threshold:
             return "zscore"
         self._segment.append(loss)
-        return "oscillation" if self._oscillating(std) else None
+        return "oscillation" if self._oscillating(self.loss_stats.std) else None
 
     def _oscillating(self, std: float) -> bool:
         if self.oscillation_window == 0 or len(self._segment) <= self.oscillation_window:

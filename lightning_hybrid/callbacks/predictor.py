@@ -6,7 +6,7 @@ from typing import Any
 
 from lightning_hybrid.callbacks.base import HybridComponent
 from lightning_hybrid.encoder import MIN_DIM, StateEncoder
-from lightning_hybrid.predictors import PREDICTORS, Predictor, build_predictor
+from lightning_hybrid.predictors import PREDICTORS, AnyPredictor, Predictor, TrajectoryRule, build_predictor
 from lightning_hybrid.validation import check_int
 
 
@@ -14,21 +14,22 @@ class DynamicsPredictor(HybridComponent):
     """Holds the dynamics model that learns how the weights move, and the state encoder it conditions on.
 
     Args:
-        predictor: a registered name (one of ``lightning_hybrid.predictors.PREDICTORS``) or a
-            :class:`~lightning_hybrid.predictors.Predictor` instance.
+        predictor: a registered name (one of ``lightning_hybrid.predictors.PREDICTORS``) or an instance of a
+            :class:`~lightning_hybrid.predictors.Predictor` (per-step prediction) or a
+            :class:`~lightning_hybrid.predictors.TrajectoryRule` (``outer``, ``average``).
         predictor_kwargs: settings of the named predictor (ignored for an instance).
         feature_dim: length of the encoded training state (see :class:`~lightning_hybrid.encoder.StateEncoder`).
     """
 
     def __init__(
         self,
-        predictor: str | Predictor = "linear",
+        predictor: str | AnyPredictor = "linear",
         predictor_kwargs: dict[str, Any] | None = None,
         feature_dim: int = 64,
     ) -> None:
         check_int("DynamicsPredictor", "feature_dim", feature_dim, MIN_DIM)
         self.encoder = StateEncoder(dim=feature_dim)
-        if isinstance(predictor, Predictor):
+        if isinstance(predictor, (Predictor, TrajectoryRule)):
             self.predictor = predictor
         else:
             self.predictor = build_predictor(predictor, **(predictor_kwargs or {}))

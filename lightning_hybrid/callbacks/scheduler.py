@@ -27,11 +27,13 @@ from lightning_hybrid.callbacks.predictor import DynamicsPredictor
 from lightning_hybrid.config import HybridConfig
 from lightning_hybrid.engine import Components, HybridEngine
 from lightning_hybrid.phase import Phase
+from lightning_hybrid.predictors.rules import OuterMomentum, PrimalAverage, TrajectoryRule
 from lightning_hybrid.summary import RunCounters, format_summary
 from lightning_hybrid.tensorboard import write_phase_curves_layout
 
 SUMMARY_FILENAME = "hybrid_summary.json"
 UNVERIFIED_KEY = "hybrid_unverified_segment"  # a checkpoint's top-level flag: written inside an unverified segment
+CURRENT_KEY = "current_model_state"  # predictor="average": the trained weights, beside the averaged state_dict
 
 
 def _one(trainer: pl.Trainer, scheduler: HybridScheduler, kind: type, default: bool) -> Any:
@@ -124,11 +126,38 @@ class HybridScheduler(HybridComponent):
                 f"predict_memory={self.config.predict_memory!r} is not supported with "
                 f"{type(trainer.strategy).__name__}: its optimizer state is already sharded; use predict_memory='none'."
             )
+        if isinstance(self.predictor.predictor, TrajectoryRule):
+            self._check_rule(trainer, self.predictor.predictor)
         self.engine.connect(
             Components(self.predictor.predictor, self.predictor.encoder, corrector, self.monitor, self.bandit)
         )
         self._strategy = trainer.strategy
         trainer.strategy.attach_step_handler(self.engine)
+
+    def _check_rule(self, trainer: pl.Trainer, rule: TrajectoryRule) -> None:
+        """What a trajectory rule cannot be combined with, refused by name before training starts."""
+        name = rule.name
+        if self.bandit is not None:
+            raise MisconfigurationException(
+                f"predictor={name!r} makes no Predict segments, so the HorizonBandit has nothing to choose: remove "
+                "it (`hybrid_callbacks(predictor=..., bandit=False)`, the default for trajectory rules)."
+            )
+        if self.config.predict_memory != "none":
+            raise MisconfigurationException(
+                f"predict_memory={self.config.predict_memory!r} frees memory during Predict segments, which "
+                f"predictor={name!r} does not run; use predict_memory='none'."
+            )
+        window = self.monitor.verify_window
+        if isinstance(rule, OuterMomentum) and window > self.config.full_steps:
+            raise MisconfigurationException(
+                f"DivergenceMonitor: `verify_window` must be at most full_steps ({self.config.full_steps}) with "
+                f"predictor={name!r}: the window is the end of the cycle after a jump; got {window}."
+            )
+        if isinstance(rule, PrimalAverage) and trainer.strategy.sharded:
+            raise MisconfigurationException(
+                f"predictor={name!r} is not supported with {type(trainer.strategy).__name__}: its checkpoints hold "
+                "the average in place of the sharded weights, which is not implemented; use hybrid_ddp."
+            )
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -186,17 +215,27 @@ class HybridScheduler(HybridComponent):
 
     @property
     def unverified(self) -> bool:
-        """Whether the weights now hold predicted updates that no ordinary step has verified yet."""
-        store = self.engine.store
-        return store is not None and store.snapshot_alive and self.engine.machine.segment_pos > 0
+        """Whether the weights now hold predicted updates (or a jump) that no verdict has kept yet."""
+        engine = self.engine
+        store = engine.store
+        segment = store is not None and store.snapshot_alive and engine.machine.segment_pos > 0
+        return segment or engine.traj.pending
 
     @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Validation inside a segment sees unverified weights: mark it in the logs (``hybrid/unverified``, 1 at
-        that step), so a reader of the curves knows which points may yet be rolled back."""
-        if trainer.state.fn == "fit" and self.unverified:
+        that step), so a reader of the curves knows which points may yet be rolled back. With
+        ``predictor="average"`` validation sees the averaged weights."""
+        if trainer.state.fn != "fit":
+            return
+        if self.unverified:
             for logger in trainer.loggers:
                 logger.log_metrics({"hybrid/unverified": 1.0}, step=trainer.global_step)
+        self.engine.show_average()
+
+    @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.engine.hide_average()
 
     @override
     def on_save_checkpoint(
@@ -205,10 +244,27 @@ class HybridScheduler(HybridComponent):
         """Mark a checkpoint written inside a segment: it resumes exactly (the snapshot is in this callback's
         state), but its model weights are unverified predictions."""
         checkpoint[UNVERIFIED_KEY] = self.unverified
+        averaged = self.engine.averaged_parameters()
+        if averaged:  # as Lightning's WeightAveraging: the model's weights are the average, the trained ones aside
+            names = {id(p): name for name, p in pl_module.named_parameters()}
+            checkpoint[CURRENT_KEY] = checkpoint["state_dict"]
+            checkpoint["state_dict"] = dict(checkpoint["state_dict"]) | {
+                names[id(p)]: x.detach().clone() for p, x in averaged
+            }
+
+    @override
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        """Resume from the trained weights of a ``predictor="average"`` checkpoint (its ``state_dict`` holds the
+        average, which the rule's own state restores)."""
+        if CURRENT_KEY in checkpoint:
+            pl_module.load_state_dict(checkpoint[CURRENT_KEY])
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.engine.close_segment()  # however training ended: max_steps, EarlyStopping, max_time, an interruption
+        self.engine.finish_average()
         self.engine.record.stop_clock()
 
     @override

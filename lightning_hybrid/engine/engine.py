@@ -30,12 +30,13 @@ from lightning_hybrid.engine.record import RunRecord, StepRecord
 from lightning_hybrid.engine.segments import SegmentCycle
 from lightning_hybrid.engine.state import EngineState
 from lightning_hybrid.engine.store import ParameterStore
+from lightning_hybrid.engine.trajectory import TrajectoryCycle, TrajectoryState
 from lightning_hybrid.outputs import loss_of, mark_predicted
 from lightning_hybrid.phase import Phase
 from lightning_hybrid.predictors import Plan
 
 
-class HybridEngine(Learning, SegmentCycle, EngineState):
+class HybridEngine(Learning, SegmentCycle, TrajectoryCycle, EngineState):
     """The Warmup → Full → Predict → Correct cycle over one optimizer, without a Trainer.
 
     Build it with the config, :meth:`connect` the components, :meth:`bind` the optimizer, then per optimizer step
@@ -61,6 +62,9 @@ class HybridEngine(Learning, SegmentCycle, EngineState):
         self.global_step = 0
         self.world_size = 1
         self._pending_snapshot: list[Tensor] | None = None  # from a checkpoint, until the store exists
+        self.traj = TrajectoryState()  # a trajectory rule's run state
+        self._pending_anchor: list[Tensor] | None = None  # an outer-momentum anchor from a checkpoint
+        self._restored = False  # a checkpoint was loaded since the last bind
 
     # -- wiring --------------------------------------------------------------------------------------------------
     def connect(self, parts: Components) -> None:
@@ -81,23 +85,28 @@ class HybridEngine(Learning, SegmentCycle, EngineState):
         rollback restores) and set the predictor up on them."""
         self.collectives = collectives
         self.step_guard = StepGuard(collectives, scaler)
-        self._build_store(optimizer, buffers)
+        self._build_store(optimizer, buffers, restored=self._restored)
+        self._restored = False
         if self._pending_snapshot is not None:
             self.store.load_snapshot(self._pending_snapshot)
             self._pending_snapshot = None
         lrs = self.store.lrs()
         if not self.lr_ref:
             self.lr_ref = lrs
-        self.policy.start(lrs)
+        self.policy.start(lrs, gated=self.rule is None)
         self.automatic = automatic
         self.global_step, self.world_size = global_step, world_size
         self.record.start_clock()
         self.step = StepRecord(phase=self.machine.phase)
 
-    def _build_store(self, optimizer: Optimizer, buffers: Sequence[Tensor]) -> None:
-        """Track the parameters the optimizer trains now, and set the predictor (and bandit) up on them."""
+    def _build_store(self, optimizer: Optimizer, buffers: Sequence[Tensor], restored: bool = False) -> None:
+        """Track the parameters the optimizer trains now, and set the predictor (and bandit), or the trajectory
+        rule, up on them."""
         collectives, parts = self.collectives, self.parts
         self.store = ParameterStore(optimizer, collectives.local_tensor, self.config.predict_memory, buffers)
+        if self.rule is not None:
+            self._setup_rule(self.rule, restored)
+            return
         parts.predictor.sum_across_ranks = collectives.sum_across_ranks
         parts.predictor.setup(self.store.groups, parts.encoder.dim)
         if parts.bandit is not None:
@@ -109,6 +118,9 @@ class HybridEngine(Learning, SegmentCycle, EngineState):
         if self.store is not None and self.store.snapshot_alive:
             self.record.counters.end_of_fit_rollbacks += 1
             self.rollback("fit ended before the segment was verified")
+        elif self.store is not None and self.traj.pending:
+            self.record.counters.end_of_fit_rollbacks += 1
+            self._reject_jump("fit ended before the jump was verified")
 
     def unbind(self) -> None:
         if self.store is not None:
@@ -127,17 +139,24 @@ class HybridEngine(Learning, SegmentCycle, EngineState):
     def begin_step(self) -> None:
         phase = self.machine.phase
         backed_off = phase.ordinary and self.policy.backed_off(self.global_step, self.store.lrs())
-        capture = phase.ordinary and not self.store.snapshot_alive and not backed_off
+        rule = self.rule
+        capture = phase.ordinary and not self.store.snapshot_alive and not backed_off and rule is None
         self.step = StepRecord(phase=phase, started=time.perf_counter(), backed_off=backed_off, capture=capture)
+        if rule is not None:
+            self._rule_begin_step(rule)
 
     def before_optimizer_step(self) -> None:
         if self.step.capture:
             self.store.before_update()
+        elif self.rule is not None:
+            self._rule_before_update()
 
     def after_optimizer_step(self) -> None:
         if self.step.capture:
             self.store.after_update()
             self.step.delta_ready = True
+        elif self.rule is not None:
+            self._rule_after_update()
 
     def end_step(self, global_step: int) -> float:
         """The optimizer has stepped: learn from the step and move the cycle on. Returns the loss the predictor
@@ -150,7 +169,10 @@ class HybridEngine(Learning, SegmentCycle, EngineState):
         predicted_loss = step.predicted_loss
         step.error = math.nan
         if step.phase.ordinary and not step.skipped and math.isfinite(step.loss):
-            predicted_loss = self._observe(global_step, step.phase)
+            if self.rule is not None:
+                self._rule_observe(step.loss)
+            else:
+                predicted_loss = self._observe(global_step, step.phase)
         self._record_bandit_step(seconds)
         self._advance()
         return predicted_loss
@@ -158,7 +180,10 @@ class HybridEngine(Learning, SegmentCycle, EngineState):
     def _advance(self) -> None:
         horizon = self.plan.horizon if self.plan is not None else 0
         due = self.machine.step_done(self.step.phase, self.step.backed_off, horizon)
-        if due is Due.CYCLE_END and not self._follow_trainable_set() and not self._try_start_segment():
+        if due is Due.CYCLE_END and self.rule is not None:
+            if not self._follow_trainable_set():
+                self._rule_cycle_end(self.rule)
+        elif due is Due.CYCLE_END and not self._follow_trainable_set() and not self._try_start_segment():
             self.policy.decline(self.global_step)
         elif due is Due.SEGMENT_END:
             self.store.restore_optimizer_state()
@@ -238,6 +263,9 @@ class HybridEngine(Learning, SegmentCycle, EngineState):
             step.skipped = True  # the user's training_step skipped this batch
             return
         step.loss, step.grad_norm = reading.loss, reading.grad_norm
+        if self.traj.first_check and self._check_after_jump(reading.loss if reading.finite else math.nan):
+            self._skip(optimizer, reading)  # its gradient was taken at the rejected point
+            return
         if self.store.snapshot_alive:  # first Correct step: the loss at the segment's final weights verifies it
             reason = self.parts.monitor.check(reading.loss if reading.finite else math.nan, self.plan.loss_upper[-1])
             if reason is not None:

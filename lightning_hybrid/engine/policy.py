@@ -24,6 +24,7 @@ class PredictionPolicy:
         self.lr_peak: list[float] = []  # each group's highest learning rate so far
         self.consecutive_failures = 0
         self.prediction_off = False
+        self.gated = True  # the learning-rate gate applies (per-step predictors; trajectory rules are not gated)
 
     def backed_off(self, global_step: int, lrs: list[float]) -> bool:
         """Whether an ordinary step starting now skips update capture and predictor training."""
@@ -31,10 +32,11 @@ class PredictionPolicy:
         if not cfg.enable_prediction or self.prediction_off or global_step < self.backoff_until:
             return True
         limit = cfg.predict_lr_fraction
-        return limit < 1.0 and any(lr > limit * peak for lr, peak in zip(lrs, self.lr_peak))
+        return self.gated and limit < 1.0 and any(lr > limit * peak for lr, peak in zip(lrs, self.lr_peak))
 
-    def start(self, lrs: list[float]) -> None:
+    def start(self, lrs: list[float], gated: bool = True) -> None:
         """Training (re)starts: the learning rates now are the first peak, unless a checkpoint restored one."""
+        self.gated = gated
         if not self.lr_peak:
             self.lr_peak = list(lrs)
 

@@ -28,6 +28,7 @@ class EngineState:
             "lr_peak": list(policy.lr_peak),
             **self.record.state_dict(),
             "snapshot": snapshot,
+            **({"trajectory": self._rule_state()} if self.rule is not None else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -43,6 +44,8 @@ class EngineState:
         self.lr_ref = [float(v) for v in state["lr_ref"]]
         policy.lr_peak = [float(v) for v in state["lr_peak"]]
         self.record.load_state_dict(state)
+        if "trajectory" in state:
+            self._load_rule_state(state["trajectory"])
         if self.store is not None and state["snapshot"] is not None:
             self.store.load_snapshot(state["snapshot"])
         elif self.store is not None:

@@ -11,18 +11,22 @@ from lightning_hybrid.predictors.learned import LearnedPredictor
 from lightning_hybrid.predictors.linear import LinearPredictor
 from lightning_hybrid.predictors.mlp import MLPPredictor
 from lightning_hybrid.predictors.rssm import RSSMPredictor
+from lightning_hybrid.predictors.rules import OuterMomentum, PrimalAverage, TrajectoryRule
 from lightning_hybrid.validation import check_choice
 
-PREDICTORS: dict[str, type[Predictor]] = {cls.name: cls for cls in (LinearPredictor, MLPPredictor, RSSMPredictor)}
+AnyPredictor = Predictor | TrajectoryRule
+PREDICTORS: dict[str, type[AnyPredictor]] = {
+    cls.name: cls for cls in (LinearPredictor, MLPPredictor, RSSMPredictor, OuterMomentum, PrimalAverage)
+}
 
 
-def init_chain(cls: type[Predictor]) -> list[Callable[..., None]]:
+def init_chain(cls: type[AnyPredictor]) -> list[Callable[..., None]]:
     """The ``__init__`` of a predictor class and of each base it forwards ``**kwargs`` to, most derived first:
     together they list the predictor's settings."""
     return [vars(klass)["__init__"] for klass in cls.__mro__ if "__init__" in vars(klass) and klass is not object]
 
 
-def build_predictor(name: str, **kwargs: Any) -> Predictor:
+def build_predictor(name: str, **kwargs: Any) -> AnyPredictor:
     """Instantiate the predictor registered as ``name`` with its settings."""
     check_choice("DynamicsPredictor", "predictor", name, PREDICTORS)
     return PREDICTORS[name](**kwargs)
@@ -30,13 +34,17 @@ def build_predictor(name: str, **kwargs: Any) -> Predictor:
 
 __all__ = [
     "PREDICTORS",
+    "AnyPredictor",
     "DirectionPredictor",
     "LearnedPredictor",
     "LinearPredictor",
     "MLPPredictor",
+    "OuterMomentum",
     "Plan",
     "Predictor",
+    "PrimalAverage",
     "RSSMPredictor",
+    "TrajectoryRule",
     "UpdateStats",
     "build_predictor",
     "init_chain",

@@ -1,0 +1,111 @@
+"""Sweep hybrid configurations against one plain baseline per seed, on the harness's tasks and measures.
+
+    python -m benchmarks.sweep --task char_gpt --steps 2000 --grid outer --threads 1
+    python -m benchmarks.sweep --task char_gpt_wsd --steps 2000 --grid average --out benchmarks/results/sweep
+    python -m benchmarks.sweep --task char_gpt --setting "predictor=outer hybrid.full_steps=20"
+
+Each seed trains the plain baseline once, then every configuration with the same seed, batches and schedule, for
+the baseline's steps (a sweep compares losses at equal steps; ``benchmarks.run`` measures the chosen one with its
+1.5x budget). Each configuration's result is written as the harness writes one (``<task>_<length>_<name>.json``),
+and ``table.md`` in ``--out`` is rewritten from all of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import shlex
+import tempfile
+from pathlib import Path
+
+import torch
+
+from benchmarks.report import write_table
+from benchmarks.run import RESULTS, fit, hybrid_against, label, save_result, warm_up
+from benchmarks.tasks import TASKS, compose_run, length_of
+
+
+def outer(k: int, eta: float, mu: float) -> tuple[str, list[str]]:
+    """The outer-momentum rule with cycles of ``k`` steps, verified over the last half of the next cycle."""
+    return f"outer_K{k}_eta{eta}_mu{mu}", [
+        "predictor=outer",
+        f"hybrid.full_steps={k}",
+        f"hybrid.verify_window={k // 2}",
+        f"predictor.outer_lr={eta}",
+        f"predictor.outer_momentum={mu}",
+    ]
+
+
+def average(mu_x: float, mu_y: float) -> tuple[str, list[str]]:
+    return f"average_x{mu_x}_y{mu_y}", [
+        "predictor=average",
+        f"predictor.average_x={mu_x}",
+        f"predictor.average_y={mu_y}",
+    ]
+
+
+GRIDS: dict[str, list[tuple[str, list[str]]]] = {
+    # 12 settings from K in {10, 20, 50}, eta in {0.5, 0.7, 0.9}, mu in {0.3, 0.5, 0.75, 0.9}: dense around the
+    # prototype's best (K=20, eta=0.7, mu=0.5), plus the published defaults' neighbourhood (K=50, mu=0.9)
+    "outer": [
+        outer(20, 0.7, 0.5),
+        outer(20, 0.7, 0.3),
+        outer(20, 0.9, 0.5),
+        outer(20, 0.5, 0.5),
+        outer(20, 0.7, 0.75),
+        outer(20, 0.9, 0.3),
+        outer(10, 0.7, 0.5),
+        outer(10, 0.9, 0.3),
+        outer(10, 0.5, 0.3),
+        outer(50, 0.7, 0.5),
+        outer(50, 0.7, 0.9),
+        outer(50, 0.9, 0.75),
+    ],
+    # for a second task on a budget: the three cycle lengths at the prototype's best step and momentum, and the
+    # step and momentum around it at K=20
+    "outer_subset": [
+        outer(20, 0.7, 0.5),
+        outer(20, 0.9, 0.5),
+        outer(20, 0.7, 0.3),
+        outer(10, 0.7, 0.5),
+        outer(50, 0.7, 0.5),
+        outer(20, 0.5, 0.5),
+    ],
+    # mu_x for 16 / 32 / 64 DiLoCo inner steps, mu_y in {0.5, 0.7}
+    "average_subset": [average(0.9934, 0.7), average(0.9967, 0.5)],
+    "average": [average(mu_x, mu_y) for mu_x, mu_y in itertools.product((0.9934, 0.9967, 0.9984), (0.5, 0.7))],
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--task", required=True, choices=list(TASKS))
+    parser.add_argument("--steps", type=int, default=None, help="steps per run (default: the task's default length)")
+    parser.add_argument("--seeds", type=int, default=1)
+    parser.add_argument("--grid", choices=list(GRIDS), action="append", default=[], help="a named set of settings")
+    parser.add_argument("--setting", action="append", default=[], help="one configuration's Hydra overrides")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--out", type=Path, default=RESULTS / "sweep", help="results folder")
+    args = parser.parse_args(argv)
+    given = [shlex.split(s) for s in args.setting]
+    settings = [s for grid in args.grid for s in GRIDS[grid]] + [(label(o), o) for o in given]
+    if not settings:
+        parser.error("give --grid or --setting")
+    torch.set_num_threads(args.threads)
+    spec = length_of(args.task, "default", args.steps)
+    args.out.mkdir(parents=True, exist_ok=True)
+    per_setting: list[list[dict]] = [[] for _ in settings]
+    with tempfile.TemporaryDirectory() as workdir:
+        warm_up(args.task, spec, [], workdir)
+        for seed in range(args.seeds):
+            baseline = fit(compose_run(args.task, spec, seed, [], workdir), hybrid=False)
+            for (name, overrides), results in zip(settings, per_setting):
+                results.append(hybrid_against(args.task, spec, seed, overrides, workdir, baseline, spec.steps))
+                print(f"{name} seed {seed}: val loss at equal steps {results[-1]['loss_ratio_equal_steps']}x plain's")
+                result = {"task": args.task, "length": spec.name, "steps": spec.steps, "overrides": overrides}
+                save_result(args.out, result | {"seeds": results}, name)
+    print(write_table(args.out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,202 @@
+"""Trajectory rules: prediction that keeps every backward pass and moves the weights along their trajectory over
+many steps, the family published work finds paying for full-rank training (SNOO / one-worker DiLoCo, primal
+averaging), as opposed to the per-step :class:`~lightning_hybrid.predictors.Predictor` that replaces backward
+passes.
+
+A rule works on this rank's flat list of trainable tensors (its shards under FSDP) with fused ``torch._foreach_*``
+operations; the engine decides when it acts, verifies and undoes what it did.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from lightning_hybrid.validation import check_float
+
+TensorList = Sequence[Tensor]
+
+
+def _host(tensors: TensorList) -> list[Tensor]:
+    return [t.detach().to("cpu", copy=True) for t in tensors]
+
+
+def _load_into(owner: str, what: str, dst: list[Tensor], src: list[Tensor]) -> None:
+    if [tuple(t.shape) for t in dst] != [tuple(t.shape) for t in src]:
+        raise ValueError(f"{owner}: the checkpoint's {what} does not match the model's trainable tensors")
+    with torch.no_grad():
+        torch._foreach_copy_(dst, [s.to(d.device) for s, d in zip(src, dst)])
+
+
+class TrajectoryRule(ABC):
+    """Base class of trajectory rules; subclasses are registered by their ``name`` beside the predictors.
+
+    Rules are not gated by the learning rate (``predict_lr_fraction``) and use no horizon bandit: they never skip
+    a backward pass, so the regimes where per-step prediction failed do not apply to them.
+    """
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def setup(self, params: TensorList, keep_jump: bool) -> None:
+        """Allocate state shaped like ``params`` (this rank's trainable tensors, flat). ``keep_jump``: the engine
+        verifies jumps after the fact, so the last one must be kept to be undone."""
+
+    def confidence(self) -> float:
+        """Rules make no one-step prediction to be confident about; reported as 1 in the scalars."""
+        return 1.0
+
+    def uncertainty(self) -> float:
+        return 0.0
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]: ...
+
+    @abstractmethod
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore state; may be called before :meth:`setup`, which then applies it."""
+
+
+class OuterMomentum(TrajectoryRule):
+    """``outer``: the SNOO rule (one-worker DiLoCo). Every Full cycle of ``full_steps`` ordinary steps runs from an
+    anchor; at its end the weights jump to ``anchor - outer_lr * (outer_momentum * b + s)``, where
+    ``s = anchor - weights`` is the cycle's displacement and ``b <- outer_momentum * b + s``, and that point is the
+    next anchor. No backward pass is added or skipped.
+
+    ``outer_lr=1, outer_momentum=0`` is plain training (bitwise); ``outer_momentum=0`` is Lookahead with step
+    ``outer_lr``. Memory: the anchor lives in the engine's one update buffer; ``b`` adds one parameter copy when
+    ``outer_momentum > 0``, and delayed verification one more (the last jump, to undo it).
+
+    Args:
+        outer_lr: η, the outer step, in ``(0, 2]``.
+        outer_momentum: μ, the outer momentum, in ``[0, 1)``.
+    """
+
+    name = "outer"
+
+    def __init__(self, outer_lr: float = 0.7, outer_momentum: float = 0.5) -> None:
+        self.outer_lr = check_float("OuterMomentum", "outer_lr", outer_lr, 0.0, 2.0, open_low=True)
+        self.outer_momentum = check_float("OuterMomentum", "outer_momentum", outer_momentum, 0.0, 1.0 - 1e-12)
+        self._b: list[Tensor] = []
+        self._jump: list[Tensor] = []
+        self._pending: dict[str, Any] | None = None
+
+    @property
+    def moves(self) -> bool:
+        """Whether a jump moves the weights at all (``η = 1, μ = 0`` is plain training: no jump, nothing to check)."""
+        return self.outer_lr != 1.0 or self.outer_momentum > 0
+
+    def setup(self, params: TensorList, keep_jump: bool) -> None:
+        self._b = [torch.zeros_like(p) for p in params] if self.outer_momentum > 0 else []
+        self._jump = [torch.zeros_like(p) for p in params] if keep_jump else []
+        if self._pending is not None:
+            state, self._pending = self._pending, None
+            self.load_state_dict(state)
+
+    def jump(self, params: list[Tensor], anchor: list[Tensor]) -> None:
+        """The cycle's end: move ``params`` in place to the new anchor and leave it in ``anchor`` too.
+
+        ``params += (1 - η) s - η μ b`` with ``b`` already updated by ``s``: the same point as
+        ``anchor - η (μ b + s)``, written as a displacement so that ``η = 1, μ = 0`` adds nothing.
+        """
+        eta, mu = self.outer_lr, self.outer_momentum
+        with torch.no_grad():
+            torch._foreach_sub_(anchor, params)  # anchor := s
+            if mu > 0:
+                torch._foreach_mul_(self._b, mu)
+                torch._foreach_add_(self._b, anchor)  # b := μ b + s
+            torch._foreach_mul_(anchor, 1.0 - eta)  # anchor := the jump d = (1 - η) s - η μ b
+            if mu > 0:
+                torch._foreach_add_(anchor, self._b, alpha=-eta * mu)
+            torch._foreach_add_(params, anchor)
+            if self._jump:
+                torch._foreach_copy_(self._jump, anchor)
+            torch._foreach_copy_(anchor, params)
+
+    def undo(self, params: list[Tensor], anchor: list[Tensor]) -> None:
+        """Take the last jump back out of ``params`` and ``anchor`` (keeping the ordinary steps since), and restart
+        the outer momentum: the failed extrapolation must not carry into the next one."""
+        with torch.no_grad():
+            torch._foreach_sub_(params, self._jump)
+            torch._foreach_sub_(anchor, self._jump)
+            if self._b:
+                torch._foreach_zero_(self._b)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"b": _host(self._b), "jump": _host(self._jump)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not self._b and not self._jump and (state["b"] or state["jump"]):
+            self._pending = state  # before setup: applied there
+            return
+        if self._b:
+            _load_into("OuterMomentum", "outer momentum", self._b, state["b"])
+        if self._jump and state["jump"]:
+            _load_into("OuterMomentum", "last jump", self._jump, state["jump"])
+
+
+class PrimalAverage(TrajectoryRule):
+    """``average``: generalized primal averaging on top of the user's optimizer.
+
+    The optimizer's own sequence ``z`` takes its steps from gradients computed at
+    ``y = average_y * x + (1 - average_y) * z``, and the averaged sequence ``x <- average_x * x + (1 - average_x) * z``
+    is the model that validation, checkpoints and the end of ``fit`` see (as with Lightning's weight-averaging
+    callbacks). The trained parameters hold ``y`` between steps; ``z`` is recomputed from ``y`` and ``x`` just
+    before each optimizer step, so the rule holds one parameter copy (``x``). No backward pass is added or skipped.
+    ``average_x`` of 0.9934 / 0.9967 / 0.9984 corresponds to DiLoCo with 16 / 32 / 64 inner steps.
+
+    Args:
+        average_x: μ_x, the weight of the old average per step, in ``[0, 1)``.
+        average_y: μ_y, where gradients are taken between the average and the optimizer's sequence, in ``[0, 1)``.
+    """
+
+    name = "average"
+
+    def __init__(self, average_x: float = 0.9869, average_y: float = 0.7) -> None:
+        self.average_x = check_float("PrimalAverage", "average_x", average_x, 0.0, 1.0 - 1e-12)
+        self.average_y = check_float("PrimalAverage", "average_y", average_y, 0.0, 1.0 - 1e-12)
+        self._x: list[Tensor] = []
+        self._pending: dict[str, Any] | None = None
+
+    def setup(self, params: TensorList, keep_jump: bool) -> None:
+        self._x = [p.detach().clone() for p in params]
+        if self._pending is not None:
+            state, self._pending = self._pending, None
+            self.load_state_dict(state)
+
+    @property
+    def average(self) -> list[Tensor]:
+        return self._x
+
+    def restart(self, params: TensorList) -> None:
+        """Averaging starts (after warmup): ``x = y = z`` at the current weights."""
+        with torch.no_grad():
+            torch._foreach_copy_(self._x, list(params))
+
+    def to_optimizer_sequence(self, params: list[Tensor]) -> None:
+        """Before the optimizer step: ``params`` (``y``) becomes ``z = (y - μ_y x) / (1 - μ_y)``."""
+        if self.average_y == 0:
+            return
+        with torch.no_grad():
+            torch._foreach_add_(params, self._x, alpha=-self.average_y)
+            torch._foreach_div_(params, 1.0 - self.average_y)
+
+    def to_gradient_point(self, params: list[Tensor]) -> None:
+        """After the optimizer step on ``z``: fold it into ``x``, then move ``params`` to ``y``."""
+        with torch.no_grad():
+            torch._foreach_lerp_(self._x, params, 1.0 - self.average_x)
+            if self.average_y > 0:
+                torch._foreach_lerp_(params, self._x, self.average_y)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"x": _host(self._x)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not self._x:
+            self._pending = state
+            return
+        _load_into("PrimalAverage", "average", self._x, state["x"])

@@ -1,0 +1,360 @@
+"""Trajectory rules (``outer``, ``average``): the jump arithmetic against a reference, delayed verification on a
+river-valley loss, and what a Lightning run sees (plain training at eta=1, mu=0, exact resume inside a verification
+window, DDP ranks, validation and checkpoints at the average, settings refused by name)."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from torch import nn
+
+from lightning_hybrid import DivergenceMonitor, HybridConfig, HybridScheduler, ResidualCorrector, hybrid_callbacks
+from lightning_hybrid.encoder import StateEncoder
+from lightning_hybrid.engine import Components, HybridEngine, LocalCollectives
+from lightning_hybrid.predictors import OuterMomentum, PrimalAverage
+from tests.helpers import RULE_PHASES, RegressionModel, flat_params, hybrid_trainer, loader, scheduler_of
+
+# ------------------------------------------------------------------------------------------------ a bare torch loop
+
+
+def engine_loop(model, optimizer, rule, steps, batch, config, monitor=None):
+    """Hand every step of a plain torch loop to the engine, as the hybrid strategy and scheduler do in Lightning.
+    ``batch(step)`` returns the step's loss function of the model. Returns the engine and each step's loss."""
+    engine = HybridEngine(config)
+    engine.connect(Components(rule, StateEncoder(), ResidualCorrector(), monitor or DivergenceMonitor()))
+    engine.bind(optimizer, LocalCollectives())
+    losses = []
+    for step in range(1, steps + 1):
+        engine.begin_step()
+
+        loss_of = batch(step)
+
+        def closure(loss_of=loss_of):
+            loss = loss_of(model)
+            engine.record_loss(loss)
+            loss.backward()
+            return loss
+
+        optimizer.zero_grad()
+        losses.append(engine.guard(optimizer, closure)().item())
+        engine.before_optimizer_step()
+        optimizer.step()
+        engine.after_optimizer_step()
+        engine.end_step(step)
+    return engine, losses
+
+
+def regression_batches(seed=1):
+    g = torch.Generator().manual_seed(seed)
+    data = [(torch.randn(32, 8, generator=g), torch.randn(32, 1, generator=g)) for _ in range(64)]
+    return lambda step: lambda m: nn.functional.mse_loss(m(data[step][0]), data[step][1])
+
+
+def small_net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+
+
+def test_outer_jumps_match_a_reference_snoo_loop_over_several_cycles():
+    """anchor, b and the weights after each jump: anchor <- anchor - eta (mu b + s), b <- mu b + s, theta <- anchor,
+    written out in plain torch, against the engine's in-place displacement form."""
+    warm, k, eta, mu, steps = 3, 5, 0.7, 0.5, 23  # four jumps
+    model = small_net()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    config = HybridConfig(warmup_steps=warm, full_steps=k)
+    engine, _ = engine_loop(
+        model,
+        optimizer,
+        OuterMomentum(eta, mu),
+        steps,
+        regression_batches(),
+        config,
+        DivergenceMonitor(verify_window=0),
+    )
+    ref = small_net()
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
+    batch, params = regression_batches(), list(ref.parameters())
+    for step in range(1, steps + 1):
+        if step == warm + 1:
+            anchor, b = [p.detach().clone() for p in params], [torch.zeros_like(p) for p in params]
+        ref_opt.zero_grad()
+        batch(step)(ref).backward()
+        ref_opt.step()
+        if step > warm and (step - warm) % k == 0:
+            with torch.no_grad():
+                for p, a, m in zip(params, anchor, b):
+                    s = a - p
+                    m.mul_(mu).add_(s)
+                    a.sub_(eta * (mu * m + s))
+                    p.copy_(a)
+    assert engine.record.counters.segments_started == 4
+    for got, want in [(list(model.parameters()), params), (engine.store.buffer, anchor), (engine.rule._b, b)]:
+        for x, y in zip(got, want):
+            torch.testing.assert_close(x, y, rtol=0, atol=1e-6)
+    assert not torch.equal(flat_params(model), flat_params(small_net()))
+
+
+# ------------------------------------------------------------------------------------------------ river valley
+# A steep quadratic across (v) a slowly descending valley floor (u): L = A/2 (v - xi)^2 + C/2 (u - U)^2, where
+# each batch jitters the valley's centre xi. SGD with lr * A = 1 relaxes v in one step.
+A, C, U, LR, XI = 10.0, 0.1, 10.0, 0.1, 0.02
+
+
+class Valley(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(2))
+
+
+class Held:
+    """Weights held aside, where a batch's loss function expects a model."""
+
+    def __init__(self, w: torch.Tensor) -> None:
+        self.w = w
+
+
+def valley_batches(seed=0):
+    xi = torch.randn(200, generator=torch.Generator().manual_seed(seed)) * XI
+    return lambda step: lambda m: 0.5 * A * (m.w[1] - xi[step]) ** 2 + 0.5 * C * (m.w[0] - U) ** 2
+
+
+class FixedJump(OuterMomentum):
+    """A test double of known effect: every jump moves the weights by ``(along, across)`` the valley, times
+    ``scale``. Across, it overshoots: the loss rises at once and the overshoot is gone one step later."""
+
+    def __init__(self, along: float = 0.6, across: float = 0.4, scale: float = 1.0) -> None:
+        super().__init__()
+        self.d = torch.tensor([along, across]) * scale
+        self.points: list[tuple[torch.Tensor, torch.Tensor]] = []  # the weights before and after each jump
+
+    def jump(self, params, anchor):
+        with torch.no_grad():
+            before = params[0].detach().clone()
+            params[0].add_(self.d)
+            self._jump[0].copy_(self.d)
+            anchor[0].copy_(params[0])
+        self.points.append((before, params[0].detach().clone()))
+
+
+def valley_run(rule, steps=66):
+    model = Valley()
+    config = HybridConfig(warmup_steps=5, full_steps=10)
+    monitor = DivergenceMonitor(verify_window=5)
+    engine, losses = engine_loop(
+        model, torch.optim.SGD(model.parameters(), lr=LR), rule, steps, valley_batches(), config, monitor
+    )
+    return engine, losses, model.w.detach()
+
+
+def test_delayed_verification_keeps_a_jump_that_an_immediate_check_would_reject():
+    rule = FixedJump()
+    engine, losses, w = valley_run(rule)
+    counters = engine.record.counters
+    assert counters.segments_started == 6 and counters.segments_accepted == 5 and counters.rollbacks == 0
+    # on the batch right after each jump the jumped weights lose to the weights before it: a check at that moment
+    # (the jump against no jump) rejects every one
+    batches = valley_batches()
+    for n, (before, after) in enumerate(rule.points):
+        loss_at = batches(5 + 10 * (n + 1) + 1)
+        assert loss_at(Held(after)) > loss_at(Held(before)), n
+    _, plain_losses, plain_w = valley_run(OuterMomentum(outer_lr=1.0, outer_momentum=0.0))
+    assert w[0] > plain_w[0] + 1.0  # further down the valley
+    assert sum(losses[-5:]) < sum(plain_losses[-5:]) * 0.9
+
+
+def test_the_same_jump_fifty_times_over_is_rolled_back_at_once():
+    engine, losses, w = valley_run(FixedJump(scale=50.0))
+    counters = engine.record.counters
+    assert counters.rollbacks >= 1 and engine.parts.monitor.events["zscore"] >= 1
+    assert counters.segments_accepted == 0
+    assert torch.isfinite(w).all() and losses[-1] < 5.0
+
+
+def test_a_jump_that_loses_ground_is_rolled_back_after_its_window():
+    engine, _, _ = valley_run(FixedJump(along=-2.0, across=0.0))  # back up the valley: no blow-up, just worse later
+    assert engine.parts.monitor.events["delayed"] >= 1 and engine.parts.monitor.events["zscore"] == 0
+    assert engine.record.counters.segments_accepted == 0
+    assert engine.policy.prediction_off is False or engine.record.counters.rollbacks >= 5
+
+
+# ------------------------------------------------------------------------------------------------ Lightning runs
+
+
+def fit_regression(callbacks, steps=40, strategy=True, **kwargs):
+    if strategy:
+        trainer, _ = hybrid_trainer(steps, hybrid=callbacks, logger=False, **kwargs)
+    else:
+        trainer = L.Trainer(
+            max_steps=steps,
+            accelerator="cpu",
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            **kwargs,
+        )
+    model = RegressionModel(scheduler=True)
+    trainer.fit(model, loader(64, batch_size=16))
+    return model, trainer
+
+
+def test_outer_with_eta_one_and_no_momentum_is_plain_lightning_bitwise():
+    plain, _ = fit_regression([], strategy=False)
+    hybrid, _ = fit_regression(hybrid_callbacks(predictor=OuterMomentum(1.0, 0.0), **RULE_PHASES))
+    assert torch.equal(flat_params(hybrid), flat_params(plain))
+    assert hybrid.backward_calls == plain.backward_calls == 40
+
+
+def test_outer_jumps_every_cycle_in_a_lightning_run_and_keeps_every_backward_pass():
+    model, trainer = fit_regression(hybrid_callbacks(predictor="outer", **RULE_PHASES))
+    counters = scheduler_of(trainer).counters
+    assert counters.segments_started == (40 - 5) // 6
+    assert model.backward_calls == 40 and counters.backward_skipped == 0
+    assert counters.segments_accepted + counters.rollbacks == counters.segments_started
+    plain, _ = fit_regression([], strategy=False)
+    assert not torch.equal(flat_params(model), flat_params(plain))
+
+
+def _checkpointed_run(root, predictor, ckpt_path=None):
+    every = ModelCheckpoint(dirpath=root / "ckpt", save_top_k=-1, every_n_train_steps=4, filename="{step}")
+    trainer, _ = hybrid_trainer(
+        40,
+        hybrid=hybrid_callbacks(predictor=predictor, **RULE_PHASES),
+        extra_callbacks=[every] if ckpt_path is None else [],
+        logger=False,
+        enable_checkpointing=ckpt_path is None,
+        default_root_dir=root,
+    )
+    model = RegressionModel(scheduler=True)
+    trainer.fit(model, loader(64, batch_size=16), ckpt_path=ckpt_path)  # 4 steps per epoch
+    return model, trainer
+
+
+def _engine_state(path):
+    checkpoint = torch.load(path, weights_only=False)
+    return checkpoint, next(v for k, v in checkpoint["callbacks"].items() if "HybridScheduler" in k)
+
+
+def test_resume_inside_an_outer_verification_window_is_bitwise_exact(tmp_path):
+    model, trainer = _checkpointed_run(tmp_path / "full", "outer")
+    reference = flat_params(model)
+    inside = []
+    for path in sorted((tmp_path / "full" / "ckpt").glob("*.ckpt"), key=lambda p: int(p.stem.split("=")[1])):
+        checkpoint, state = _engine_state(path)
+        if state["trajectory"]["pending"] and checkpoint["global_step"] < 40:  # the last one has no step to resume
+            assert checkpoint["hybrid_unverified_segment"]
+            inside.append(path)
+    assert len(inside) >= 2, "no checkpoint fell inside a verification window"
+    for path in inside:
+        resumed, resumed_trainer = _checkpointed_run(tmp_path / f"resume_{path.stem}", "outer", ckpt_path=path)
+        assert torch.equal(flat_params(resumed), reference), path.name
+        summary, want = scheduler_of(resumed_trainer).summary(), scheduler_of(trainer).summary()
+        for key in ("segments_started", "segments_accepted", "rollbacks", "rollback_reasons"):
+            assert summary[key] == want[key], key
+
+
+def test_average_validation_and_checkpoints_see_the_average_and_resume_bitwise(tmp_path):
+    seen = []
+
+    class Watch(L.Callback):
+        def on_validation_epoch_start(self, trainer, pl_module):
+            rule = scheduler_of(trainer).predictor.predictor
+            if scheduler_of(trainer).engine.traj.started:
+                seen.append(all(torch.equal(p, x) for p, x in zip(pl_module.parameters(), rule.average)))
+
+    trainer, _ = hybrid_trainer(
+        40,
+        hybrid=hybrid_callbacks(predictor=PrimalAverage(0.9, 0.7), **RULE_PHASES),
+        extra_callbacks=[
+            Watch(),
+            ModelCheckpoint(dirpath=tmp_path / "ckpt", save_top_k=-1, every_n_train_steps=4, filename="{step}"),
+        ],
+        logger=False,
+        enable_checkpointing=True,
+        default_root_dir=tmp_path,
+        val_check_interval=4,
+        check_val_every_n_epoch=None,
+    )
+    model = RegressionModel(scheduler=True)
+    trainer.fit(model, loader(64, batch_size=16), loader(32, batch_size=16))
+    assert len(seen) >= 5 and all(seen)
+    rule = scheduler_of(trainer).predictor.predictor
+    assert all(torch.equal(p, x) for p, x in zip(model.parameters(), rule.average))  # fit hands back the average
+    path = tmp_path / "ckpt" / "step=20.ckpt"
+    checkpoint = torch.load(path, weights_only=False)
+    assert "current_model_state" in checkpoint
+    held = torch.cat([v.flatten() for v in checkpoint["state_dict"].values()])
+    trained = torch.cat([v.flatten() for v in checkpoint["current_model_state"].values()])
+    assert not torch.equal(held, trained)
+    average = next(v for k, v in checkpoint["callbacks"].items() if "DynamicsPredictor" in k)["predictor"]["x"]
+    assert torch.equal(held, torch.cat([t.flatten() for t in average]))
+    resumed_trainer, _ = hybrid_trainer(
+        40,
+        hybrid=hybrid_callbacks(predictor=PrimalAverage(0.9, 0.7), **RULE_PHASES),
+        logger=False,
+        val_check_interval=4,
+        check_val_every_n_epoch=None,
+    )
+    resumed = RegressionModel(scheduler=True)
+    resumed_trainer.fit(resumed, loader(64, batch_size=16), loader(32, batch_size=16), ckpt_path=path)
+    assert torch.equal(flat_params(resumed), flat_params(model))
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (dict(predictor="outer", bandit=True), "HorizonBandit"),
+        (dict(predictor="outer", predict_memory="offload"), "predict_memory"),
+        (dict(predictor="outer", full_steps=6, verify_window=7), "verify_window"),
+    ],
+)
+def test_what_a_rule_cannot_do_is_refused_before_training(settings, message):
+    trainer, _ = hybrid_trainer(10, hybrid=hybrid_callbacks(**{"warmup_steps": 2, **settings}), logger=False)
+    with pytest.raises(MisconfigurationException, match=message):
+        trainer.fit(RegressionModel(), loader(64, batch_size=16))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        (dict(outer_lr=0.0), "outer_lr"),
+        (dict(outer_lr=2.5), "outer_lr"),
+        (dict(outer_momentum=1.0), "outer_momentum"),
+    ],
+)
+def test_bad_outer_settings_are_refused_when_built(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        OuterMomentum(**kwargs)
+
+
+@pytest.mark.parametrize(("kwargs", "name"), [(dict(average_x=1.0), "average_x"), (dict(average_y=-0.1), "average_y")])
+def test_bad_average_settings_are_refused_when_built(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        PrimalAverage(**kwargs)
+
+
+def test_rules_leave_the_bandit_out_by_default_and_per_step_predictors_keep_it():
+    assert not any(type(cb).__name__ == "HorizonBandit" for cb in hybrid_callbacks(predictor="outer"))
+    assert any(type(cb).__name__ == "HorizonBandit" for cb in hybrid_callbacks(predictor="linear"))
+    assert isinstance(hybrid_callbacks(predictor="average")[0], HybridScheduler)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["outer", "average"])
+def test_ddp_ranks_stay_identical_under_a_rule(tmp_path, kind):
+    from tests.test_ddp import run_ranks
+
+    rank0, rank1 = run_ranks(tmp_path, kind)
+    assert not torch.equal(rank0["first_batch"], rank1["first_batch"]), "ranks should see different data"
+    assert torch.equal(rank0["params"], rank1["params"])
+    assert rank0["summary"]["segments_started"] == rank1["summary"]["segments_started"]
+    assert rank0["summary"]["rollback_reasons"] == rank1["summary"]["rollback_reasons"]
+    assert rank0["monitor"] == rank1["monitor"]
+    for a, b in zip(rank0["rule"].values(), rank1["rule"].values()):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+    if kind == "outer":
+        assert rank0["summary"]["segments_started"] == (60 - 5) // 6
