@@ -80,7 +80,8 @@ GRIDS: dict[str, list[tuple[str, list[str]]]] = {
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", required=True, choices=list(TASKS))
-    parser.add_argument("--steps", type=int, default=None, help="steps per run (default: the task's default length)")
+    parser.add_argument("--length", default="default", help="the task's named length (its validation batches)")
+    parser.add_argument("--steps", type=int, default=None, help="steps per run instead of the named length's")
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--grid", choices=list(GRIDS), action="append", default=[], help="a named set of settings")
     parser.add_argument("--setting", action="append", default=[], help="one configuration's Hydra overrides")
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     if not settings:
         parser.error("give --grid or --setting")
     torch.set_num_threads(args.threads)
-    spec = length_of(args.task, "default", args.steps)
+    spec = length_of(args.task, args.length, args.steps)
     args.out.mkdir(parents=True, exist_ok=True)
     per_setting: list[list[dict]] = [[] for _ in settings]
     with tempfile.TemporaryDirectory() as workdir:

@@ -65,8 +65,8 @@ TASKS = {
 
 
 def length_of(task: str, name: str, steps: int | None = None) -> Length:
-    """The task's named length, or with ``steps`` a length of that many steps validated 20 times (as often as the
-    named length's validation batches allow) and labelled ``<steps>steps``."""
+    """The task's named length; with ``steps``, that many steps instead, validated 20 times on the named length's
+    validation batches and labelled ``<steps>steps``."""
     spec = TASKS[task].lengths[name]
     if steps is None:
         return Length(spec.steps, spec.val_every, spec.val_batches, name)

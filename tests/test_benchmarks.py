@@ -176,3 +176,30 @@ def test_warmup_stable_decay_holds_the_peak_then_decays_over_the_last_fifth():
     assert cosine[50] == 1.0 and cosine[-1] == pytest.approx(0.1, abs=1e-4)
     with pytest.raises(ValueError, match="`schedule` must be one of 'constant', 'cosine', 'wsd', got 'linear'"):
         CharGPT(schedule="linear")
+
+
+@pytest.mark.slow
+def test_sweep_trains_one_baseline_per_seed_for_all_its_settings(tmp_path, monkeypatch):
+    import benchmarks.sweep as sweep
+
+    baselines = []
+    fit = sweep.fit
+    monkeypatch.setattr(sweep, "fit", lambda cfg, hybrid, **kw: baselines.append(hybrid) or fit(cfg, hybrid, **kw))
+    out = tmp_path / "sweep"
+    settings = [
+        "predictor=outer hybrid.warmup_steps=5 hybrid.full_steps=10 hybrid.verify_window=5",
+        "predictor=average",
+    ]
+    sweep.main(
+        ["--task", "char_gpt", "--steps", "40", "--seeds", "2", "--out", str(out)]
+        + [arg for s in settings for arg in ("--setting", s)]
+    )
+    assert baselines.count(False) == 2  # one plain run per seed (the warm-up run is hybrid and discarded)
+    results = [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
+    assert len(results) == 2 and all(len(r["seeds"]) == 2 for r in results)
+    outer = next(r for r in results if "outer" in r["name"])
+    assert outer["steps"] == 40 and outer["length"] == "40steps"
+    for seed in outer["seeds"]:
+        assert seed["hybrid"]["steps"] == 40 and seed["hybrid"]["segments_started"] == 3  # jumps at 15, 25, 35
+        assert seed["loss_ratio_equal_steps"] is not None
+    assert "outer" in (out / "table.md").read_text()

@@ -358,3 +358,18 @@ def test_ddp_ranks_stay_identical_under_a_rule(tmp_path, kind):
         assert all(torch.equal(x, y) for x, y in zip(a, b))
     if kind == "outer":
         assert rank0["summary"]["segments_started"] == (60 - 5) // 6
+
+
+@pytest.mark.slow
+def test_outer_under_fsdp_jumps_each_ranks_shards_as_ddp_jumps_the_whole(tmp_path):
+    from tests.test_ddp import run_ranks
+
+    ddp = run_ranks(tmp_path / "ddp", "outer")
+    fsdp = run_ranks(tmp_path / "fsdp", "outer", strategy="fsdp")
+    for key in ("segments_started", "segments_accepted", "rollbacks", "rollback_reasons"):
+        assert fsdp[0]["summary"][key] == fsdp[1]["summary"][key] == ddp[0]["summary"][key], key
+    assert torch.equal(fsdp[0]["params"], fsdp[1]["params"])  # gathered from the shards
+    torch.testing.assert_close(fsdp[0]["params"], ddp[0]["params"], rtol=1e-5, atol=1e-5)
+    numel = ddp[0]["params"].numel()
+    local = [sum(t.numel() for t in rank["rule"]["b"]) for rank in fsdp]  # each rank's momentum: its shards
+    assert local[0] < numel and sum(local) == numel
