@@ -5,9 +5,10 @@
     python -m benchmarks.sweep --task char_gpt --setting "predictor=outer hybrid.full_steps=20"
 
 Each seed trains the plain baseline once, then every configuration with the same seed, batches and schedule, for
-the baseline's steps (a sweep compares losses at equal steps; ``benchmarks.run`` measures the chosen one with its
-1.5x budget). Each configuration's result is written as the harness writes one (``<task>_<length>_<name>.json``),
-and ``table.md`` in ``--out`` is rewritten from all of them.
+the baseline's steps (a sweep compares losses at equal steps), or with ``--budget harness`` for up to 1.5x those
+steps, stopping as ``benchmarks.run`` does: the seeded runs of a few configurations that share their baselines.
+Each configuration's result is written as the harness writes one (``<task>_<length>_<name>.json``), and
+``table.md`` in ``--out`` is rewritten from all of them.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 
 from benchmarks.report import write_table
 from benchmarks.run import RESULTS, fit, hybrid_against, label, save_result, warm_up
-from benchmarks.tasks import TASKS, compose_run, length_of
+from benchmarks.tasks import TASKS, compose_run, hybrid_steps, length_of
 
 
 def outer(k: int, eta: float, mu: float) -> tuple[str, list[str]]:
@@ -85,6 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--grid", choices=list(GRIDS), action="append", default=[], help="a named set of settings")
     parser.add_argument("--setting", action="append", default=[], help="one configuration's Hydra overrides")
+    parser.add_argument("--budget", choices=("equal", "harness"), default="equal", help="hybrid steps: equal or 1.5x")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--out", type=Path, default=RESULTS / "sweep", help="results folder")
     args = parser.parse_args(argv)
@@ -94,6 +96,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("give --grid or --setting")
     torch.set_num_threads(args.threads)
     spec = length_of(args.task, args.length, args.steps)
+    budget = spec.steps if args.budget == "equal" else hybrid_steps(spec)
     args.out.mkdir(parents=True, exist_ok=True)
     per_setting: list[list[dict]] = [[] for _ in settings]
     with tempfile.TemporaryDirectory() as workdir:
@@ -101,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
         for seed in range(args.seeds):
             baseline = fit(compose_run(args.task, spec, seed, [], workdir), hybrid=False)
             for (name, overrides), results in zip(settings, per_setting):
-                results.append(hybrid_against(args.task, spec, seed, overrides, workdir, baseline, spec.steps))
+                results.append(hybrid_against(args.task, spec, seed, overrides, workdir, baseline, budget))
                 print(f"{name} seed {seed}: val loss at equal steps {results[-1]['loss_ratio_equal_steps']}x plain's")
                 result = {"task": args.task, "length": spec.name, "steps": spec.steps, "overrides": overrides}
                 save_result(args.out, result | {"seeds": results}, name)

@@ -97,6 +97,27 @@ def test_outer_jumps_match_a_reference_snoo_loop_over_several_cycles():
     assert not torch.equal(flat_params(model), flat_params(small_net()))
 
 
+@pytest.mark.parametrize(
+    ("rule", "window", "copies"),
+    [
+        (OuterMomentum(0.7, 0.5), 5, 3),  # the anchor (in the update buffer), b, the last jump
+        (OuterMomentum(0.7, 0.5), 0, 2),  # unchecked jumps: no copy of the last one
+        (OuterMomentum(0.7, 0.0), 0, 1),  # Lookahead: the anchor alone
+        (PrimalAverage(), 5, 2),  # x, and the update buffer that holds y while validation sees x
+    ],
+)
+def test_parameter_copies_each_rule_holds(rule, window, copies):
+    model = small_net()
+    config = HybridConfig(warmup_steps=2, full_steps=5)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    engine, _ = engine_loop(
+        model, optimizer, rule, 12, regression_batches(), config, DivergenceMonitor(verify_window=window)
+    )
+    held = [*engine.store.buffer, *getattr(rule, "_b", []), *getattr(rule, "_jump", []), *getattr(rule, "_x", [])]
+    numel = sum(p.numel() for p in model.parameters())
+    assert sum(t.numel() for t in held) == copies * numel
+
+
 # ------------------------------------------------------------------------------------------------ river valley
 # A steep quadratic across (v) a slowly descending valley floor (u): L = A/2 (v - xi)^2 + C/2 (u - U)^2, where
 # each batch jitters the valley's centre xi. SGD with lr * A = 1 relaxes v in one step.
