@@ -240,6 +240,26 @@ def test_outer_jumps_every_cycle_in_a_lightning_run_and_keeps_every_backward_pas
     assert not torch.equal(flat_params(model), flat_params(plain))
 
 
+@pytest.mark.parametrize("predictor", [OuterMomentum(), PrimalAverage()], ids=["outer", "average"])
+def test_rules_run_under_manual_optimization(predictor):
+    steps_on_z = []
+    if isinstance(predictor, PrimalAverage):
+        to_y = predictor.to_gradient_point
+        predictor.to_gradient_point = lambda params: steps_on_z.append(1) or to_y(params)
+    trainer, _ = hybrid_trainer(40, hybrid=hybrid_callbacks(predictor=predictor, **RULE_PHASES), logger=False)
+    model = RegressionModel(automatic=False, scheduler=False)
+    start = flat_params(model)
+    trainer.fit(model, loader(64, batch_size=16))
+    engine = scheduler_of(trainer).engine
+    assert model.backward_calls == 40 and torch.isfinite(flat_params(model)).all()
+    assert not torch.equal(flat_params(model), start)
+    if isinstance(predictor, OuterMomentum):
+        assert engine.record.counters.segments_started == (40 - 5) // 6
+    else:  # every optimizer step after warmup, taken by the user's own `opt.step()`, went through the rule
+        assert len(steps_on_z) == 40 - 5
+        assert all(torch.equal(p, x) for p, x in zip(model.parameters(), engine.rule.average))
+
+
 def _checkpointed_run(root, predictor, ckpt_path=None):
     every = ModelCheckpoint(dirpath=root / "ckpt", save_top_k=-1, every_n_train_steps=4, filename="{step}")
     trainer, _ = hybrid_trainer(
