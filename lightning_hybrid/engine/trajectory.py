@@ -122,7 +122,7 @@ class TrajectoryCycle:
     # -- the cycle's end -----------------------------------------------------------------------------------------
     def _rule_cycle_end(self, rule: TrajectoryRule) -> None:
         """A Full cycle is complete. ``outer``: judge the pending jump, then jump again (or, after a rejected one,
-        run a cycle without, to measure the trend afresh). ``average`` has no cycle."""
+        run a cycle without, to measure the level afresh). ``average`` has no cycle."""
         if not isinstance(rule, OuterMomentum) or not self.traj.started:
             return
         traj, verify = self.traj, self.verify_window > 0
@@ -185,8 +185,9 @@ class TrajectoryCycle:
             self.collectives.parameters_changed()
 
     def averaged_parameters(self) -> list[tuple[Any, Any]]:
-        """``(parameter, its average)`` pairs while ``average`` runs (for checkpoints); empty otherwise."""
-        if not (isinstance(self.rule, PrimalAverage) and self.traj.started):
+        """``(parameter, its average)`` pairs while ``average`` runs in ``fit`` (for checkpoints); empty otherwise
+        (after ``fit`` the weights are the average)."""
+        if not (isinstance(self.rule, PrimalAverage) and self.traj.started and self.store is not None):
             return []
         return list(zip(self.store.owners, self.rule.average))
 
