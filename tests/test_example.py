@@ -27,7 +27,7 @@ def torch_equal_shifted(data, x, y):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("predictor", ["linear", "mlp", "rssm"])
+@pytest.mark.parametrize("predictor", ["linear", "mlp", "rssm", "outer"])
 def test_example_script_runs_and_writes_its_summary(tmp_path, predictor):
     cmd = [sys.executable, "-m", "examples.char_gpt", "--max-steps", "30", "--root", str(tmp_path)]
     cmd += ["--predictor", predictor]
