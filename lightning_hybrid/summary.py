@@ -58,11 +58,12 @@ def format_summary(summary: dict[str, Any]) -> str:
     """A few human-readable lines for the end of ``fit``."""
     steps = summary["steps_by_phase"]
     times = summary["time_by_phase_s"]
+    segments = "jumps" if "trajectory_rule" in summary else "predict segments"  # outer's are jumps
     lines = [
         f"hybrid: {summary['steps_total']} steps "
         + ", ".join(f"{k} {v}" for k, v in steps.items())
         + f" | backward skipped {summary['backward_skipped_pct']:.1f}%",
-        f"hybrid: {summary['rollbacks']} rollbacks of {summary['segments_started']} predict segments"
+        f"hybrid: {summary['rollbacks']} rollbacks of {summary['segments_started']} {segments}"
         f" | {summary['nonfinite_steps_skipped']} non-finite and {summary['outlier_steps_skipped']} exploding-gradient"
         f" steps skipped | {summary['backed_off_steps']} steps backed off",
         f"hybrid: wall {summary['wall_time_s']:.1f}s | " + ", ".join(f"{k} {v:.1f}s" for k, v in times.items()),

@@ -15,6 +15,7 @@ from lightning_hybrid import DivergenceMonitor, HybridConfig, HybridScheduler, R
 from lightning_hybrid.encoder import StateEncoder
 from lightning_hybrid.engine import Components, HybridEngine, LocalCollectives
 from lightning_hybrid.predictors import OuterMomentum, PrimalAverage
+from lightning_hybrid.summary import format_summary
 from tests.helpers import RULE_PHASES, RegressionModel, flat_params, hybrid_trainer, loader, scheduler_of
 
 # ------------------------------------------------------------------------------------------------ a bare torch loop
@@ -234,6 +235,7 @@ def test_outer_jumps_every_cycle_in_a_lightning_run_and_keeps_every_backward_pas
     model, trainer = fit_regression(hybrid_callbacks(predictor="outer", **RULE_PHASES))
     counters = scheduler_of(trainer).counters
     assert counters.segments_started == (40 - 5) // 6
+    assert f"of {counters.segments_started} jumps" in format_summary(scheduler_of(trainer).summary())
     assert model.backward_calls == 40 and counters.backward_skipped == 0
     assert counters.segments_accepted + counters.rollbacks == counters.segments_started
     plain, _ = fit_regression([], strategy=False)

@@ -314,4 +314,6 @@ class HybridEngine(Learning, SegmentCycle, TrajectoryCycle, EngineState):
             out["arm_counts"] = {str(arm): n for arm, n in zip(parts.bandit.arms, parts.bandit.counts)}
         out["final_confidence"] = parts.predictor.confidence()
         out["config"] = self.config.to_dict()
+        if self.rule is not None:
+            out["trajectory_rule"] = self.rule.name  # segments are outer's jumps; average makes none
         return out
