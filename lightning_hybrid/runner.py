@@ -33,6 +33,7 @@ class RunResult:
     backward_passes: int
     steps: int
     backward_skipped_pct: float
+    segments: int  # Predict segments started, or outer's jumps
     rollbacks: int
 
 
@@ -92,6 +93,7 @@ def _fit(cfg: DictConfig, label: str, run: Run) -> RunResult:
         backward_passes=meter.backward_passes,
         steps=trainer.global_step,
         backward_skipped_pct=scheduler.counters.backward_skipped_pct if scheduler else 0.0,
+        segments=scheduler.counters.segments_started if scheduler else 0,
         rollbacks=scheduler.counters.rollbacks if scheduler else 0,
     )
 
@@ -110,6 +112,7 @@ def comparison_table(plain: RunResult, hybrid: RunResult) -> str:
         ("steps", str(plain.steps), str(hybrid.steps)),
         ("backward passes", str(plain.backward_passes), str(hybrid.backward_passes)),
         ("backward skipped", "0.0%", f"{hybrid.backward_skipped_pct:.1f}%"),
+        ("predict segments or jumps", "-", str(hybrid.segments)),
         ("rollbacks", "-", str(hybrid.rollbacks)),
     ]
     speedup = plain.train_seconds / hybrid.train_seconds if hybrid.train_seconds > 0 else float("nan")

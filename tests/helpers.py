@@ -175,7 +175,7 @@ FAST_PHASES = dict(
     correction_steps=2,
     predict_lr_fraction=1.0,
 )
-FAST = {**FAST_PHASES, "bandit": False}
+FAST = {**FAST_PHASES, "bandit": False, "predictor": "linear"}  # per-step prediction, whose phases these exercise
 # Trajectory rules on short cycles: a jump every 6 steps after 5 of warmup, judged over the next cycle's last 3.
 RULE_PHASES = dict(warmup_steps=5, full_steps=6, verify_window=3)
 

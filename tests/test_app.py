@@ -21,8 +21,9 @@ from lightning_hybrid.train import CONFIG_MODULE
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 12
-# short, fast runs that predict: short phases, confidence threshold 0, no bandit
+# short, fast runs that predict per step (the linear predictor): short phases, confidence threshold 0, no bandit
 TRAINER = [
+    "predictor=linear",
     f"trainer.max_steps={STEPS}",
     "trainer.val_check_interval=6",
     "trainer.limit_val_batches=2",
@@ -76,6 +77,17 @@ def test_compare_runs_plain_and_hybrid_with_the_same_seed(tmp_path, capsys):
     table = capsys.readouterr().out
     assert "backward passes" in table and "speedup (wall time, same steps)" in table
     assert not (tmp_path / "tensorboard" / "plain" / "hybrid_summary.json").exists()
+
+
+def test_the_default_predictor_jumps_and_compare_reports_the_jumps(tmp_path, capsys):
+    """The app's default is outer: the main job shows prediction happening and compares itself with plain."""
+    base = [o for o in TRAINER if not o.startswith("predictor")] + ["hybrid.full_steps=3", "hybrid.verify_window=2"]
+    run(app_config(tmp_path, "mode=compare", base=base + SMALL_GPT))
+    result = json.loads((tmp_path / "compare.json").read_text())
+    assert result["hybrid"]["segments"] == (STEPS - 3) // 3 and result["plain"]["segments"] == 0
+    assert result["hybrid"]["backward_passes"] == result["plain"]["backward_passes"] == STEPS
+    assert result["hybrid"]["val_loss"] != result["plain"]["val_loss"]
+    assert re.search(r"predict segments or jumps\s+-\s+3", capsys.readouterr().out)
 
 
 def test_compare_without_prediction_gives_identical_runs(tmp_path):

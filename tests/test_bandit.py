@@ -77,6 +77,7 @@ def _fit(callbacks):
 def test_a_useless_predictor_backs_off_to_nearly_plain_training():
     _, _, plain = _fit([])
     callbacks = hybrid_callbacks(
+        predictor="linear",
         warmup_steps=20,
         full_steps=10,
         max_predict_steps=8,

@@ -28,7 +28,7 @@ def _fit(hybrid_settings, **model_kwargs):
     "settings",
     [
         {"warmup_steps": 5, "enable_prediction": False},
-        {"warmup_steps": 5, "full_steps": 5, "confidence_threshold": 1.0},  # confidence never reaches 1
+        {"warmup_steps": 5, "full_steps": 5, "confidence_threshold": 1.0, "predictor": "linear"},  # never confident
     ],
     ids=["prediction-off", "never-confident"],
 )

@@ -39,7 +39,7 @@ LEARNED = {
 
 def _callbacks(kind: str, memory: str = "none"):
     if kind == "linear":
-        return hybrid_callbacks(**SETTINGS, bandit=False)
+        return hybrid_callbacks(predictor="linear", **SETTINGS, bandit=False)
     if kind == "exploding":
         predictor = DynamicsPredictor(SometimesExploding())
         scheduler = HybridScheduler(**SETTINGS, predict_memory=memory)

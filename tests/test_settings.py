@@ -63,7 +63,9 @@ def test_a_setting_two_components_share_is_refused(monkeypatch):
 
 
 def test_settings_reach_their_component():
-    callbacks = hybrid_callbacks(z_threshold=7.0, max_correction_factor=3.0, decay=0.8, max_consecutive_rollbacks=2)
+    callbacks = hybrid_callbacks(
+        predictor="linear", z_threshold=7.0, max_correction_factor=3.0, decay=0.8, max_consecutive_rollbacks=2
+    )
     assert {type(cb).__name__ for cb in callbacks} >= {"HybridScheduler", "DynamicsPredictor"}
     by_type = {type(cb): cb for cb in callbacks}
     assert by_type[DivergenceMonitor].z_threshold == 7.0

@@ -16,7 +16,7 @@ import torch
 from lightning_hybrid import DivergenceMonitor, DynamicsPredictor, HybridScheduler, Phase, ResidualCorrector
 from lightning_hybrid.predictors import LinearPredictor, Plan
 from tests.faults.common import FaultyModel, FiniteWatch, train
-from tests.helpers import FAST, flat_params, hybrid_trainer, loader, scheduler_of
+from tests.helpers import FAST_PHASES, flat_params, hybrid_trainer, loader, scheduler_of
 
 REFERENCE: dict[str, float] = {}
 
@@ -87,7 +87,7 @@ class Garbage(LinearPredictor):
 
 @pytest.mark.parametrize("kind", ["huge", "nan", "wrong shapes"])
 def test_garbage_predictor_is_caught_and_prediction_switched_off(record_property, kind):
-    scheduler = HybridScheduler(**{k: v for k, v in FAST.items() if k != "bandit"}, max_consecutive_rollbacks=3)
+    scheduler = HybridScheduler(**FAST_PHASES, max_consecutive_rollbacks=3)
     hybrid = [scheduler, DynamicsPredictor(Garbage(kind)), ResidualCorrector(), DivergenceMonitor()]
     _, _, watch, val = train(hybrid=hybrid)
     counters = scheduler.counters
