@@ -48,6 +48,7 @@ SIZES = {  # overrides of the character GPT; parameters: 1.07M and 25.5M
 STEPS = {"1M": {"profile": 160, "overhead": 150, "rounds": 3}, "25M": {"profile": 60, "overhead": 20, "rounds": 3}}
 QUICK = {"profile": 40, "overhead": 20, "rounds": 1}
 PREDICTING = [  # predict as often as possible, so every component is exercised many times
+    "predictor=linear",  # the per-step machinery these figures are about (the app's default is outer)
     "hybrid.warmup_steps=20",
     "hybrid.full_steps=10",
     "hybrid.confidence_threshold=0.0",
@@ -71,7 +72,7 @@ COMPONENTS = {
 
 
 def _config(size: str, steps: int, workdir: str, extra: list[str]) -> Any:
-    cfg = compose_run("char_gpt", "default", 0, [*SIZES[size], *extra], workdir)
+    cfg = compose_run("char_gpt", "default", 0, [*SIZES[size], "predictor=linear", *extra], workdir)
     with open_dict(cfg):
         cfg.trainer.max_steps = cfg.model.max_steps = steps
         cfg.trainer.limit_val_batches = 0

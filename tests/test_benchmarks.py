@@ -51,7 +51,11 @@ def _run_quick(tmp_path, *overrides):
 @pytest.mark.slow
 def test_quick_harness_end_to_end(tmp_path):
     result, out = _run_quick(
-        tmp_path, "hybrid.warmup_steps=10", "hybrid.confidence_threshold=0.0", "hybrid.predict_lr_fraction=1.0"
+        tmp_path,
+        "predictor=linear",
+        "hybrid.warmup_steps=10",
+        "hybrid.confidence_threshold=0.0",
+        "hybrid.predict_lr_fraction=1.0",
     )
     spec = TASKS["char_gpt"].lengths["quick"]
     assert [s["seed"] for s in result["seeds"]] == [0, 1]
