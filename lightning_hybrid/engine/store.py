@@ -153,9 +153,13 @@ class ParameterStore:
     def load_snapshot(self, snapshot: list[Tensor]) -> None:
         """Hold a snapshot restored from a checkpoint (a segment was running when it was saved). The module's
         buffers need no copy in the checkpoint: during a segment they keep their values from its start."""
-        copy_(self.buffer, [t.to(b.device) for t, b in zip(snapshot, self.buffer)])
+        self.load_buffer(snapshot)
         self._hold_module_buffers()
         self.snapshot_alive = True
+
+    def load_buffer(self, tensors: list[Tensor]) -> None:
+        """Fill the buffer from host copies (a checkpoint's snapshot, or an outer-momentum anchor)."""
+        copy_(self.buffer, [t.to(b.device) for t, b in zip(tensors, self.buffer)])
 
     def close(self) -> None:
         """End of fit: a fit that ended inside a segment leaves the optimizer state on its device."""

@@ -71,7 +71,7 @@ class TrajectoryCycle:
         verify = isinstance(rule, OuterMomentum) and self.verify_window > 0
         rule.setup(self.store.params, keep_jump=verify)
         if restored and self._pending_anchor is not None:
-            copy_(self.store.buffer, [t.to(b.device) for t, b in zip(self._pending_anchor, self.store.buffer)])
+            self.store.load_buffer(self._pending_anchor)
         if not restored:
             self.traj = TrajectoryState()
         self._pending_anchor = None
@@ -202,6 +202,6 @@ class TrajectoryCycle:
         self.traj.load(state, max(self.verify_window, 1) if self.parts is not None else 1)
         anchor = state["anchor"]
         if self.store is not None and anchor is not None:
-            copy_(self.store.buffer, [t.to(b.device) for t, b in zip(anchor, self.store.buffer)])
+            self.store.load_buffer(anchor)
         else:
             self._pending_anchor, self._restored = anchor, True
