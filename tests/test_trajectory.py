@@ -242,6 +242,42 @@ def test_outer_jumps_every_cycle_in_a_lightning_run_and_keeps_every_backward_pas
     assert not torch.equal(flat_params(model), flat_params(plain))
 
 
+def test_average_takes_gradients_at_y_and_its_mixing_weight_matters():
+    """Lightning runs the closure (forward and backward) inside ``optimizer.step``: the weights must still be ``y``
+    there, the point between the average and the optimizer's sequence, and only the update goes to ``z``."""
+
+    class AtForward(RegressionModel):
+        def training_step(self, batch, batch_idx):
+            self.seen = flat_params(self)
+            return super().training_step(batch, batch_idx)
+
+    class AfterStep(L.Callback):
+        def __init__(self):
+            self.pairs, self.y = [], None
+
+        def on_train_batch_start(self, trainer, pl_module, batch, idx):
+            self.y = flat_params(pl_module)  # y, as the previous step left it
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, idx):
+            self.pairs.append((self.y, pl_module.seen))
+
+    finals = {}
+    for mu_y in (0.3, 0.7):
+        watch = AfterStep()
+        trainer, _ = hybrid_trainer(
+            20,
+            hybrid=hybrid_callbacks(predictor=PrimalAverage(0.9, mu_y), **RULE_PHASES),
+            logger=False,
+            extra_callbacks=[watch],
+        )
+        model = AtForward()
+        trainer.fit(model, loader(64, batch_size=16))
+        assert len(watch.pairs) == 20
+        assert all(torch.equal(before, seen) for before, seen in watch.pairs)
+        finals[mu_y] = flat_params(model)
+    assert not torch.allclose(finals[0.3], finals[0.7], atol=1e-4)  # where gradients are taken changes training
+
+
 @pytest.mark.parametrize("predictor", [OuterMomentum(), PrimalAverage()], ids=["outer", "average"])
 def test_rules_run_under_manual_optimization(predictor):
     steps_on_z = []

@@ -148,8 +148,6 @@ class HybridEngine(Learning, SegmentCycle, TrajectoryCycle, EngineState):
     def before_optimizer_step(self) -> None:
         if self.step.capture:
             self.store.before_update()
-        elif self.rule is not None:
-            self._rule_before_update()
 
     def after_optimizer_step(self) -> None:
         if self.step.capture:
@@ -166,6 +164,8 @@ class HybridEngine(Learning, SegmentCycle, TrajectoryCycle, EngineState):
         step = self.step
         seconds = time.perf_counter() - step.started
         self.record.count_step(step, seconds)
+        if self.rule is not None:
+            self._rule_step_ended()
         predicted_loss = step.predicted_loss
         step.error = math.nan
         if step.phase.ordinary and not step.skipped and math.isfinite(step.loss):
@@ -226,6 +226,8 @@ class HybridEngine(Learning, SegmentCycle, TrajectoryCycle, EngineState):
             output = closure()
             self.store.wait_for_optimizer_state()  # copied back after a segment: the update reads it next
             self._check_ordinary_step(optimizer)
+            if self.rule is not None:
+                self._rule_gradients_taken()  # after the backward, before the update
             return output
 
         return guarded

@@ -34,6 +34,7 @@ class TrajectoryState:
     spread: float = 0.0  # and its losses' standard deviation
     window: deque[float] = field(default_factory=deque)  # this cycle's last losses
     showing_average: bool = False  # average: validation sees x; the buffer holds the trained weights
+    on_optimizer_sequence: bool = False  # average, within a step: the weights are z, awaiting the update
 
     def to_dict(self, anchor: Any) -> dict[str, Any]:
         return {
@@ -94,15 +95,25 @@ class TrajectoryCycle:
         active = isinstance(rule, PrimalAverage) and self.traj.started and step.phase is Phase.FULL
         return rule if active and not step.backed_off else None
 
-    def _rule_before_update(self) -> None:
+    def _rule_gradients_taken(self) -> None:
+        """The backward pass is done (at ``y``): the optimizer's update goes to its own sequence ``z``. Inside
+        ``optimizer.step(closure)``, after the closure; the optimizer's pre-step hook would be too early, since
+        Lightning runs the closure inside ``step``."""
         rule = self._averaging()
         if rule is not None:
             rule.to_optimizer_sequence(self.store.params)
+            self.traj.on_optimizer_sequence = True
 
     def _rule_after_update(self) -> None:
-        rule = self._averaging()
-        if rule is not None:
-            rule.to_gradient_point(self.store.params)
+        if self.traj.on_optimizer_sequence:
+            self.rule.to_gradient_point(self.store.params)
+            self.traj.on_optimizer_sequence = False
+
+    def _rule_step_ended(self) -> None:
+        """A step whose update never ran (a gradient scaler skipped it): back to ``y``, with ``x`` unchanged."""
+        if self.traj.on_optimizer_sequence:
+            self.rule.back_to_gradient_point(self.store.params)
+            self.traj.on_optimizer_sequence = False
 
     def _rule_observe(self, loss: float) -> None:
         """An ordinary step's loss, for the divergence statistics and the verification window."""

@@ -178,7 +178,7 @@ class PrimalAverage(TrajectoryRule):
             torch._foreach_copy_(self._x, list(params))
 
     def to_optimizer_sequence(self, params: list[Tensor]) -> None:
-        """Before the optimizer step: ``params`` (``y``) becomes ``z = (y - μ_y x) / (1 - μ_y)``."""
+        """After the backward pass, before the update: ``params`` (``y``) become ``z = (y - μ_y x) / (1 - μ_y)``."""
         if self.average_y == 0:
             return
         with torch.no_grad():
@@ -190,6 +190,12 @@ class PrimalAverage(TrajectoryRule):
         with torch.no_grad():
             torch._foreach_lerp_(self._x, params, 1.0 - self.average_x)
             if self.average_y > 0:
+                torch._foreach_lerp_(params, self._x, self.average_y)
+
+    def back_to_gradient_point(self, params: list[Tensor]) -> None:
+        """Undo :meth:`to_optimizer_sequence` when no update followed (``y = μ_y x + (1 - μ_y) z``)."""
+        if self.average_y > 0:
+            with torch.no_grad():
                 torch._foreach_lerp_(params, self._x, self.average_y)
 
     def state_dict(self) -> dict[str, Any]:
