@@ -79,9 +79,10 @@ def test_compare_runs_plain_and_hybrid_with_the_same_seed(tmp_path, capsys):
     assert not (tmp_path / "tensorboard" / "plain" / "hybrid_summary.json").exists()
 
 
-def test_the_default_predictor_jumps_and_compare_reports_the_jumps(tmp_path, capsys):
-    """The app's default is outer: the main job shows prediction happening and compares itself with plain."""
+def test_the_quick_start_job_jumps_and_compare_reports_the_jumps(tmp_path, capsys):
+    """The Quick start's main job (mode=compare predictor=outer) shows prediction happening next to plain."""
     base = [o for o in TRAINER if not o.startswith("predictor")] + ["hybrid.full_steps=3", "hybrid.verify_window=2"]
+    base += ["predictor=outer"]
     run(app_config(tmp_path, "mode=compare", base=base + SMALL_GPT))
     result = json.loads((tmp_path / "compare.json").read_text())
     assert result["hybrid"]["segments"] == (STEPS - 3) // 3 and result["plain"]["segments"] == 0

@@ -37,13 +37,13 @@ def settings_of(init: Callable[..., Any]) -> set[str]:
 
 
 def hybrid_callbacks(
-    predictor: str | AnyPredictor = "outer", bandit: bool | None = None, **settings: Any
+    predictor: str | AnyPredictor = "linear", bandit: bool | None = None, **settings: Any
 ) -> list[Callback]:
     """The callbacks hybrid training needs, with settings applied.
 
-    ``predictor`` is a registered name or a :class:`Predictor` or :class:`TrajectoryRule` instance; the default,
-    ``outer``, keeps every backward pass and jumps along the trajectory (see ``docs/performance.md`` for why it is
-    the default; ``linear``, ``mlp`` and ``rssm`` predict per step and skip backward passes). ``bandit``:
+    ``predictor`` is a registered name or a :class:`Predictor` or :class:`TrajectoryRule` instance: ``linear``
+    (the default), ``mlp`` and ``rssm`` predict per step and skip backward passes; ``outer`` and ``average`` keep
+    every backward pass (see ``docs/performance.md`` for what each measured, and why none is the default). ``bandit``:
     whether to add the :class:`HorizonBandit`; ``None`` (the default) adds it for per-step predictors and leaves it
     out for trajectory rules (``outer``, ``average``), which make no Predict segments to choose horizons for. Left
     out, its settings are still checked, and the horizon follows the scheduler's halve-on-failure rule. Every other

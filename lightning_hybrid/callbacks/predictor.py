@@ -23,7 +23,7 @@ class DynamicsPredictor(HybridComponent):
 
     def __init__(
         self,
-        predictor: str | AnyPredictor = "outer",
+        predictor: str | AnyPredictor = "linear",
         predictor_kwargs: dict[str, Any] | None = None,
         feature_dim: int = 64,
     ) -> None:
