@@ -23,7 +23,9 @@ def run_ranks(
     procs = []
     for rank in range(world_size):
         env = {
-            **os.environ,
+            # Lightning's seed_everything in this process (the app, the harness) leaves PL_GLOBAL_SEED and
+            # PL_SEED_WORKERS behind; the ranks must not inherit them, or their runs depend on test order
+            **{k: v for k, v in os.environ.items() if not k.startswith("PL_")},
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
             "WORLD_SIZE": str(world_size),
