@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from omegaconf import open_dict
 
-from benchmarks.run import RESULTS, machine
+from benchmarks.run import machine, results_folder
 from benchmarks.tasks import compose_run
 from lightning_hybrid.callbacks import find_scheduler
 from lightning_hybrid.callbacks.memory import proc_status
@@ -266,7 +266,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
     parser.add_argument("--quick", action="store_true", help="few steps, one round: checks the script runs")
-    parser.add_argument("--out", type=Path, default=None, help="results folder (default: benchmarks/results/<device>)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="results folder (default: benchmarks/results/<device>; benchmarks/results/quick with --quick)",
+    )
     parser.add_argument("--memory-child", choices=("plain", "hybrid"), help=argparse.SUPPRESS)
     parser.add_argument("--child-steps", type=int, default=40, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -289,7 +294,8 @@ def main(argv: list[str] | None = None) -> None:
                 "ordinary_overhead": ordinary_overhead(size, steps["overhead"], steps["rounds"], workdir),
                 "memory": memory(size, steps["profile"]),
             }
-    out = args.out or RESULTS / ("cuda" if torch.cuda.is_available() else "cpu")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    out = args.out or results_folder("quick" if args.quick else "default", None, device)
     out.mkdir(parents=True, exist_ok=True)
     (out / "overheads.json").write_text(json.dumps(results, indent=1))
     text = to_markdown(results)

@@ -178,6 +178,14 @@ def machine() -> dict[str, Any]:
     return info
 
 
+def results_folder(length: str, threads: int | None, device: str) -> Path:
+    """Where a run's results go by default: trial runs (``--quick``) into ``results/quick``, which git ignores, so
+    a trial never changes the committed tables; named runs into the device's folder."""
+    if length == "quick":
+        return RESULTS / "quick"
+    return RESULTS / (device if threads is None else f"{device}_{threads}thread")
+
+
 def label(overrides: list[str]) -> str:
     """A configuration's file-name label, from its overrides."""
     return re.sub(r"[^A-Za-z0-9.=-]+", "_", "_".join(overrides)) or "defaults"
@@ -197,7 +205,8 @@ def main(argv: list[str] | None = None) -> None:
         "--out",
         type=Path,
         default=None,
-        help="results folder (default: benchmarks/results/<device>, <device>_<N>thread with --threads)",
+        help="results folder (default: benchmarks/results/<device>, <device>_<N>thread with --threads; "
+        "benchmarks/results/quick with --quick, which is not committed)",
     )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of the app config, e.g. predictor=rssm")
     args = parser.parse_args(argv)
@@ -212,7 +221,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    out = args.out or RESULTS / (device if args.threads is None else f"{device}_{args.threads}thread")
+    out = args.out or results_folder(length, args.threads, device)
     out.mkdir(parents=True, exist_ok=True)
     for task in CPU_TASKS if args.task == "all" else [args.task]:
         with tempfile.TemporaryDirectory() as workdir:

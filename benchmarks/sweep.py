@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import shlex
 import tempfile
 from pathlib import Path
@@ -23,7 +24,7 @@ import torch
 
 from benchmarks.report import write_table
 from benchmarks.run import RESULTS, fit, hybrid_against, label, save_result, warm_up
-from benchmarks.tasks import TASKS, compose_run, hybrid_steps, length_of
+from benchmarks.tasks import TASKS, Length, compose_run, hybrid_steps, length_of
 
 
 def outer(k: int, eta: float, mu: float, verify: bool = True) -> tuple[str, list[str]]:
@@ -73,6 +74,9 @@ GRIDS: dict[str, list[tuple[str, list[str]]]] = {
         outer(50, 0.7, 0.5),
         outer(20, 0.5, 0.5),
     ],
+    # char_gpt_mid, where the chosen setting loses: a smaller effective step (eta / (1 - mu) = 0.71 against 1.4),
+    # a larger one (1.8), and the longer cycle that was best on the small char GPT
+    "outer_mid": [outer(20, 0.5, 0.3), outer(20, 0.9, 0.5), outer(50, 0.7, 0.5)],
     # the chosen setting, with its delayed verification and without (the ablation)
     "chosen": [outer(20, 0.7, 0.5), outer(20, 0.7, 0.5, verify=False)],
     "chosen_verified": [outer(20, 0.7, 0.5)],
@@ -82,12 +86,29 @@ GRIDS: dict[str, list[tuple[str, list[str]]]] = {
 }
 
 
+def earlier_seeds(out: Path, task: str, spec: Length, name: str, overrides: list[str], first_seed: int) -> list[dict]:
+    """The seeds below ``first_seed`` of an earlier result of the same configuration, so a sweep can be extended."""
+    if first_seed == 0:
+        return []
+    path = out / f"{task}_{spec.name}_{name}.json"
+    earlier = json.loads(path.read_text()) if path.exists() else None
+    if earlier is None or earlier["overrides"] != overrides or earlier["steps"] != spec.steps:
+        raise SystemExit(f"--first-seed {first_seed}: no earlier result of {name} with these steps in {out}")
+    seeds = [s for s in earlier["seeds"] if s["seed"] < first_seed]
+    if len(seeds) != first_seed:
+        raise SystemExit(f"--first-seed {first_seed}: {path.name} holds seeds {[s['seed'] for s in seeds]}")
+    return seeds
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", required=True, choices=list(TASKS))
     parser.add_argument("--length", default="default", help="the task's named length (its validation batches)")
     parser.add_argument("--steps", type=int, default=None, help="steps per run instead of the named length's")
     parser.add_argument("--seeds", type=int, default=1)
+    parser.add_argument(
+        "--first-seed", type=int, default=0, help="extend earlier results in --out: keep their seeds below this one"
+    )
     parser.add_argument("--grid", choices=list(GRIDS), action="append", default=[], help="a named set of settings")
     parser.add_argument("--setting", action="append", default=[], help="one configuration's Hydra overrides")
     parser.add_argument("--budget", choices=("equal", "harness"), default="equal", help="hybrid steps: equal or 1.5x")
@@ -102,10 +123,12 @@ def main(argv: list[str] | None = None) -> None:
     spec = length_of(args.task, args.length, args.steps)
     budget = spec.steps if args.budget == "equal" else hybrid_steps(spec)
     args.out.mkdir(parents=True, exist_ok=True)
-    per_setting: list[list[dict]] = [[] for _ in settings]
+    per_setting = [
+        earlier_seeds(args.out, args.task, spec, name, overrides, args.first_seed) for name, overrides in settings
+    ]
     with tempfile.TemporaryDirectory() as workdir:
         warm_up(args.task, spec, [], workdir)
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             baseline = fit(compose_run(args.task, spec, seed, [], workdir), hybrid=False)
             for (name, overrides), results in zip(settings, per_setting):
                 results.append(hybrid_against(args.task, spec, seed, overrides, workdir, baseline, budget))

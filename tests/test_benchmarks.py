@@ -98,6 +98,18 @@ def test_without_prediction_hybrid_matches_plain_bitwise_at_equal_steps(tmp_path
         assert seed["hybrid"]["backward_skipped_pct"] == 0.0
 
 
+def test_trial_runs_write_outside_the_committed_results():
+    """``--quick`` is a trial: its rows go to a folder git ignores, never into a committed table."""
+    from benchmarks.run import RESULTS, results_folder
+
+    quick = results_folder("quick", 1, "cpu")
+    assert quick == RESULTS / "quick" and results_folder("quick", None, "cuda") == quick
+    assert results_folder("default", None, "cpu") == RESULTS / "cpu"
+    assert results_folder("long", 1, "cpu") == RESULTS / "cpu_1thread"
+    ignored = (ROOT / ".gitignore").read_text().splitlines()
+    assert f"/{quick.relative_to(ROOT).as_posix()}/" in ignored
+
+
 @pytest.mark.parametrize(("flag", "value"), [("--seeds", "0"), ("--threads", "0")])
 def test_harness_refuses_counts_below_one(flag, value, capsys):
     with pytest.raises(SystemExit):

@@ -87,6 +87,7 @@ def test_progress_bar_shows_the_phase_and_backward_skipped():
         accelerator="cpu",
         callbacks=[*hybrid_callbacks(**FAST), bar],
         logger=logger,
+        log_every_n_steps=1,
         enable_checkpointing=False,
         enable_model_summary=False,
     )
@@ -122,3 +123,22 @@ def test_every_predicted_loss_has_its_band_at_the_same_step(events):
     }
     value, lower, upper = steps.values()
     assert value and value == lower == upper
+
+
+def test_hybrid_scalars_follow_the_trainers_logging_cadence(tmp_path):
+    """``hybrid/*`` scalars are written on the steps where Lightning writes the module's own ``self.log`` values
+    (``log_every_n_steps``), not on every step."""
+
+    class Logged(RegressionModel):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            self.log("train_loss", loss)
+            return loss
+
+    trainer, _ = hybrid_trainer(max_steps=23, log_every_n_steps=5, logger=TensorBoardLogger(tmp_path))
+    trainer.fit(Logged(), loader())
+    acc = EventAccumulator(trainer.log_dir)
+    acc.Reload()
+    own = [e.step for e in acc.Scalars("train_loss")]
+    assert own == [4, 9, 14, 19]  # Lightning's logger steps (`_batches_that_stepped`): every 5th batch
+    assert [e.step for e in acc.Scalars("hybrid/phase")] == [s + 1 for s in own]  # after that batch's step

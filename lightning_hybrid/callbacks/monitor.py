@@ -73,9 +73,13 @@ class DivergenceMonitor(HybridComponent):
 
     def gradient_outlier(self, grad_norm: float) -> bool:
         """Whether an ordinary step's gradient norm is an explosion, not training (see ``grad_outlier_factor``)."""
+        return grad_norm > self.outlier_limit()
+
+    def outlier_limit(self) -> float:
+        """The gradient norm above which a step is an outlier now (``inf`` while the check is off or unprimed)."""
         stats = self.grad_norm_stats
         limit = self.grad_outlier_factor * stats.mean
-        return self.grad_outlier_factor > 0 and stats.count >= 10 and limit > 0 and grad_norm > limit
+        return limit if self.grad_outlier_factor > 0 and stats.count >= 10 and limit > 0 else math.inf
 
     def start_segment(self) -> None:
         self._segment.clear()

@@ -208,7 +208,8 @@ class HybridScheduler(HybridComponent):
             return  # accumulating: the optimizer has not stepped yet
         predicted_loss = engine.end_step(trainer.global_step)
         self._in_step = False
-        if trainer.loggers:
+        # the Trainer's cadence (`log_every_n_steps`), as for the module's own `self.log` calls
+        if trainer.loggers and trainer._logger_connector.should_update_logs:
             metrics = engine.metrics(predicted_loss)
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=trainer.global_step)

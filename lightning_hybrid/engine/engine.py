@@ -26,7 +26,7 @@ from lightning_hybrid.engine.interface import Collectives
 from lightning_hybrid.engine.learning import Learning
 from lightning_hybrid.engine.phases import Due, PhaseMachine
 from lightning_hybrid.engine.policy import PredictionPolicy
-from lightning_hybrid.engine.record import RunRecord, StepRecord
+from lightning_hybrid.engine.record import Deferred, RunRecord, StepRecord
 from lightning_hybrid.engine.segments import SegmentCycle
 from lightning_hybrid.engine.state import EngineState
 from lightning_hybrid.engine.store import ParameterStore
@@ -65,6 +65,7 @@ class HybridEngine(Learning, SegmentCycle, TrajectoryCycle, EngineState):
         self.traj = TrajectoryState()  # a trajectory rule's run state
         self._pending_anchor: list[Tensor] | None = None  # an outer-momentum anchor from a checkpoint
         self._restored = False  # a checkpoint was loaded since the last bind
+        self.deferred: list[Deferred] = []  # quiet steps not read yet, oldest first
 
     # -- wiring --------------------------------------------------------------------------------------------------
     def connect(self, parts: Components) -> None:
@@ -114,7 +115,8 @@ class HybridEngine(Learning, SegmentCycle, TrajectoryCycle, EngineState):
 
     def close_segment(self) -> None:
         """Training ends: a segment not yet verified is rolled back, so ``fit`` never hands back unverified weights
-        (no ordinary step is left to verify them)."""
+        (no ordinary step is left to verify them). Quiet steps not read yet are read."""
+        self.read_deferred()
         if self.store is not None and self.store.snapshot_alive:
             self.record.counters.end_of_fit_rollbacks += 1
             self.rollback("fit ended before the segment was verified")
@@ -137,11 +139,17 @@ class HybridEngine(Learning, SegmentCycle, TrajectoryCycle, EngineState):
 
     # -- one step ------------------------------------------------------------------------------------------------
     def begin_step(self) -> None:
-        phase = self.machine.phase
-        backed_off = phase.ordinary and self.policy.backed_off(self.global_step, self.store.lrs())
+        phase, store = self.machine.phase, self.store
+        backed_off = phase.ordinary and self.policy.backed_off(self.global_step, store.lrs())
         rule = self.rule
-        capture = phase.ordinary and not self.store.snapshot_alive and not backed_off and rule is None
-        self.step = StepRecord(phase=phase, started=time.perf_counter(), backed_off=backed_off, capture=capture)
+        idle = backed_off and rule is None and not store.snapshot_alive  # nothing to learn, nothing to verify
+        capture = phase.ordinary and not store.snapshot_alive and not backed_off and rule is None
+        quiet = idle and self.step_guard.skips_on_device(store.optimizer)
+        if not quiet:
+            self.read_deferred()
+        self.step = StepRecord(
+            phase=phase, started=time.perf_counter(), backed_off=backed_off, capture=capture, quiet=quiet
+        )
         if rule is not None:
             self._rule_begin_step(rule)
 
@@ -150,7 +158,9 @@ class HybridEngine(Learning, SegmentCycle, TrajectoryCycle, EngineState):
             self.store.before_update()
 
     def after_optimizer_step(self) -> None:
-        if self.step.capture:
+        if self.step.quiet:
+            self.step_guard.step_done(self.store.optimizer)
+        elif self.step.capture:
             self.store.after_update()
             self.step.delta_ready = True
         elif self.rule is not None:
@@ -160,26 +170,47 @@ class HybridEngine(Learning, SegmentCycle, TrajectoryCycle, EngineState):
         """The optimizer has stepped: learn from the step and move the cycle on. Returns the loss the predictor
         expected for this step (``nan`` where it had none), for the step's scalars."""
         self.global_step = global_step
-        self.policy.track_peak(self.store.lrs())
+        lrs = self.store.lrs()
+        self.policy.track_peak(lrs)
         step = self.step
         seconds = time.perf_counter() - step.started
         self.record.count_step(step, seconds)
+        if step.quiet:
+            self.deferred.append(Deferred(step, global_step, seconds, lrs))
+            if len(self.deferred) >= self.config.full_steps:  # once per cycle: the outlier limit stays recent
+                self.read_deferred()
+            self._advance()
+            return math.nan
         if self.rule is not None:
             self._rule_step_ended()
-        predicted_loss = step.predicted_loss
-        step.error = math.nan
-        if step.phase.ordinary and not step.skipped and math.isfinite(step.loss):
-            if self.rule is not None:
-                self._rule_observe(step.loss)
-            else:
-                predicted_loss = self._observe(global_step, step.phase)
-        self._record_bandit_step(seconds)
+        predicted_loss = self._learn_from(step, global_step, lrs, seconds)
         self._advance()
         return predicted_loss
+
+    def read_deferred(self) -> None:
+        """Read the quiet steps' values to the host at once (one transfer, not one per step) and learn from each
+        step in order, exactly as if it had been read when it ran."""
+        pending, self.deferred = self.deferred, []
+        on_device = [d.step.reading for d in pending if isinstance(d.step.reading, Tensor)]
+        values = iter(torch.stack(on_device).tolist() if on_device else [])
+        counters = self.record.counters
+        for entry in pending:
+            step = entry.step
+            if step.reading is not None:
+                reading = next(values) if isinstance(step.reading, Tensor) else step.reading
+                step.loss, step.grad_norm, nonfinite, outlier = reading
+                step.skipped, step.reading = bool(nonfinite or outlier), None
+                counters.nonfinite_steps_skipped += int(bool(nonfinite))
+                counters.outlier_steps_skipped += int(bool(outlier and not nonfinite))
+            else:
+                step.skipped = True  # the user's training_step skipped the batch
+            self._learn_from(step, entry.global_step, entry.lrs, entry.seconds)
 
     def _advance(self) -> None:
         horizon = self.plan.horizon if self.plan is not None else 0
         due = self.machine.step_done(self.step.phase, self.step.backed_off, horizon)
+        if due is not None:
+            self.read_deferred()  # the decisions below read what the components learnt
         if due is Due.CYCLE_END and self.rule is not None:
             if not self._follow_trainable_set():
                 self._rule_cycle_end(self.rule)
@@ -260,6 +291,10 @@ class HybridEngine(Learning, SegmentCycle, TrajectoryCycle, EngineState):
 
     def _check_ordinary_step(self, optimizer: Optimizer) -> None:
         step = self.step
+        if step.quiet:
+            limit = self.parts.monitor.outlier_limit()
+            step.reading = self.step_guard.check_on_device(optimizer, self.store.owners, step.loss_sum, limit)
+            return
         reading = self.step_guard.read(self.store.owners, step.loss_sum)
         if reading is None:
             step.skipped = True  # the user's training_step skipped this batch
@@ -288,7 +323,8 @@ class HybridEngine(Learning, SegmentCycle, TrajectoryCycle, EngineState):
 
     # -- reporting and state -------------------------------------------------------------------------------------
     def metrics(self, predicted_loss: float) -> dict[str, float]:
-        """The ``hybrid/*`` scalars of the step just ended."""
+        """The ``hybrid/*`` scalars of the step just ended (a quiet step's are read now)."""
+        self.read_deferred()
         predictor = self.parts.predictor
         horizon = self.plan.horizon if self.plan is not None else 0
         return self.record.metrics(
@@ -302,6 +338,7 @@ class HybridEngine(Learning, SegmentCycle, TrajectoryCycle, EngineState):
 
     def summary(self) -> dict[str, Any]:
         """Whole-run numbers, as written to ``hybrid_summary.json``."""
+        self.read_deferred()
         parts = self.parts
         out = self.record.summary()
         counters = self.record.counters

@@ -1,6 +1,11 @@
 """The ordinary-step guard: reads a step's loss and gradient norm once, agreed over ranks, and turns the coming
 optimizer update into a no-op when it must not reach the weights (non-finite values, an exploding gradient, a
-segment that failed verification)."""
+segment that failed verification).
+
+A quiet step (nothing to learn from it, nothing to verify) is guarded without reading anything to the host: its
+verdict is a device tensor that skips the update on the device, the way Lightning's gradient scaler does, and its
+values are read later with others (:meth:`StepGuard.check_on_device`). That needs an optimizer that takes a
+``found_inf`` tensor (torch's fused Adam, AdamW and SGD) or a gradient scaler; with others every step is read."""
 
 from __future__ import annotations
 
@@ -53,6 +58,43 @@ class StepGuard:
         if self.scaler is not None:
             grad_norm_v /= float(self.scaler.get_scale())
         return Reading(loss_v, grad_norm_v, finite, grads)
+
+    def skips_on_device(self, optimizer: Optimizer) -> bool:
+        """Whether this optimizer's update can be cancelled by a device tensor, with no host read."""
+        return self.scaler is not None or bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+
+    def check_on_device(
+        self, optimizer: Optimizer, owners: list[Tensor], loss_sum: Tensor | None, outlier_limit: float
+    ) -> Tensor | None:
+        """Guard a quiet step on the device: the update is skipped when the loss or gradient norm is non-finite or
+        the norm exceeds ``outlier_limit``. Returns ``[loss, grad_norm, nonfinite, outlier]`` (a device tensor,
+        agreed over ranks) for a later read, or ``None`` when the user's ``training_step`` skipped the batch."""
+        local = self.collectives.local_tensor
+        grads = [local(p.grad) for p in owners if p.grad is not None]
+        if loss_sum is None and not grads:
+            return None
+        device = self.collectives.root_device
+        loss = loss_sum if loss_sum is not None else torch.full((), math.nan, device=device)
+        grad_sq = sq_norm(grads) if grads else torch.zeros((), device=device)
+        grad_norm = self.collectives.sum_across_ranks(grad_sq).sqrt()
+        values = torch.stack([loss.to(device=device, dtype=torch.float32), grad_norm.float()])
+        loss, grad_norm = self.collectives.reduce(values, reduce_op="mean").unbind()
+        if self.scaler is not None:
+            grad_norm = grad_norm / self.scaler._get_scale_async()  # a device tensor: get_scale() would read it
+        nonfinite = ~(loss.isfinite() & grad_norm.isfinite())
+        outlier = grad_norm > outlier_limit
+        bad = nonfinite | outlier
+        if self.scaler is not None:
+            torch._foreach_mul_(grads, torch.where(bad, math.nan, 1.0))  # the scaler skips non-finite gradients
+        else:
+            optimizer.found_inf, optimizer.grad_scale = bad.float(), None  # read by the fused step, as under AMP
+        return torch.stack([loss, grad_norm, nonfinite.float(), outlier.float()])
+
+    @staticmethod
+    def step_done(optimizer: Optimizer) -> None:
+        """Take back the ``found_inf`` a quiet step handed the optimizer."""
+        optimizer.__dict__.pop("found_inf", None)
+        optimizer.__dict__.pop("grad_scale", None)
 
     def mean_over_ranks(self, values: list[Tensor]) -> list[float]:
         """Average scalars over ranks (identity on one device), so every rank takes the same decision."""

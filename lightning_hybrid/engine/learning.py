@@ -8,22 +8,34 @@ import math
 
 import torch
 
+from lightning_hybrid.engine.record import StepRecord
 from lightning_hybrid.phase import Phase
 
 
 class Learning:
     """Observation of finished steps; mixed into :class:`~.engine.HybridEngine`."""
 
-    def _observe(self, global_step: int, phase: Phase) -> float:
+    def _learn_from(self, step: StepRecord, global_step: int, lrs: list[float], seconds: float) -> float:
+        """Everything a finished step teaches; returns the loss the predictor expected for it (``nan`` if none)."""
+        predicted_loss = step.predicted_loss
+        step.error = math.nan
+        if step.phase.ordinary and not step.skipped and math.isfinite(step.loss):
+            if self.rule is not None:
+                self._rule_observe(step.loss)
+            else:
+                predicted_loss = self._observe(step, global_step, lrs)
+        self._record_bandit_step(step, seconds)
+        return predicted_loss
+
+    def _observe(self, step: StepRecord, global_step: int, lrs: list[float]) -> float:
         """Feed an ordinary step to the monitor, predictor, corrector and encoder; return the predicted loss."""
-        step, parts = self.step, self.parts
+        parts, phase = self.parts, step.phase
         loss, encoder = step.loss, parts.encoder
         if phase is not Phase.CORRECT:
             parts.monitor.observe(loss, step.grad_norm)
         deltas = self.store.buffer_groups if step.delta_ready else None
         features = encoder.features() if deltas is not None else None  # the state before this step
         stats = parts.predictor.observe(global_step, loss, deltas, features)
-        lrs = self.store.lrs()
         self.lr_ref = lrs
         if stats is None:
             if step.backed_off:  # the features are refreshed when observation resumes, before any segment
@@ -41,8 +53,8 @@ class Learning:
         )
         return stats.predicted_loss
 
-    def _record_bandit_step(self, seconds: float) -> None:
-        bandit, step = self.parts.bandit, self.step
+    def _record_bandit_step(self, step: StepRecord, seconds: float) -> None:
+        bandit = self.parts.bandit
         if bandit is None:
             return
         if bandit.cost == "wall" and self.world_size > 1:  # every rank must see the same costs

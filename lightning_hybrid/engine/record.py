@@ -32,6 +32,34 @@ class StepRecord:
     band: float = math.nan  # half-width of the predicted loss's band, on predicted steps
     error: float = math.nan
     grad_norm: float = math.nan
+    quiet: bool = False  # guarded on the device, read later (see :class:`Deferred`)
+    reading: Tensor | list[float] | None = None  # a quiet step's [loss, grad_norm, nonfinite, outlier]
+
+
+@dataclass
+class Deferred:
+    """A quiet step whose reading waits on the device: the engine learns from it, in order, when it next reads."""
+
+    step: StepRecord
+    global_step: int
+    seconds: float
+    lrs: list[float]
+
+    def to_dict(self) -> dict[str, Any]:
+        reading = self.step.reading
+        values = reading.tolist() if isinstance(reading, Tensor) else reading
+        return {
+            "phase": int(self.step.phase),
+            "global_step": self.global_step,
+            "seconds": self.seconds,
+            "lrs": list(self.lrs),
+            "reading": values,
+        }
+
+    @classmethod
+    def from_dict(cls, state: dict[str, Any]) -> Deferred:
+        step = StepRecord(phase=Phase(state["phase"]), backed_off=True, quiet=True, reading=state["reading"])
+        return cls(step, int(state["global_step"]), float(state["seconds"]), [float(v) for v in state["lrs"]])
 
 
 @dataclass

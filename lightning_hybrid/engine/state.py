@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from lightning_hybrid.engine.record import Deferred
 from lightning_hybrid.phase import Phase
 from lightning_hybrid.predictors import Plan
 
@@ -29,6 +30,8 @@ class EngineState:
             **self.record.state_dict(),
             "snapshot": snapshot,
             **({"trajectory": self._rule_state()} if self.rule is not None else {}),
+            # quiet steps not read yet: the components' states do not hold them; a resumed run learns from them next
+            **({"deferred": [d.to_dict() for d in self.deferred]} if self.deferred else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -44,6 +47,7 @@ class EngineState:
         self.lr_ref = [float(v) for v in state["lr_ref"]]
         policy.lr_peak = [float(v) for v in state["lr_peak"]]
         self.record.load_state_dict(state)
+        self.deferred = [Deferred.from_dict(d) for d in state.get("deferred", [])]
         if "trajectory" in state:
             self._load_rule_state(state["trajectory"])
         if self.store is not None and state["snapshot"] is not None:

@@ -1,0 +1,172 @@
+"""Free when idle: steps with nothing to learn (prediction off, backed off, gated) cost no host read per step when
+the optimizer can be told on the device to skip an update (torch's fused optimizers, a gradient scaler). They are
+still guarded, and the engine learns from them later, exactly as if each had been read at once."""
+
+import math
+import sys
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+import lightning_hybrid
+from lightning_hybrid import Phase
+from lightning_hybrid.engine.guard import StepGuard
+from tests.faults.common import FaultyModel
+from tests.helpers import flat_params, hybrid_trainer, loader, scheduler_of
+
+PACKAGE = str(Path(lightning_hybrid.__file__).parent)
+HOST_READS = ("item", "tolist", "__float__", "__bool__", "__int__")
+
+
+class HostReads(L.Callback):
+    """Counts, per optimizer step, the tensor-to-host reads made by the plugin's own code (on CUDA, each is a
+    device synchronisation); Lightning's and the test's reads are not counted."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.step = 0
+        self.by_step: dict[int, int] = {}
+        for name in HOST_READS:
+            original = getattr(torch.Tensor, name)
+            monkeypatch.setattr(torch.Tensor, name, self._counting(original))
+
+    def _counting(self, original):
+        def read(tensor, *args, **kwargs):
+            if sys._getframe(1).f_code.co_filename.startswith(PACKAGE):
+                self.by_step[self.step] = self.by_step.get(self.step, 0) + 1
+            return original(tensor, *args, **kwargs)
+
+        return read
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.step = trainer.global_step + 1  # the step this batch makes
+
+
+def _run(settings, steps=40, model=None, callbacks=(), **trainer_kwargs):
+    trainer, _ = hybrid_trainer(steps, settings, extra_callbacks=list(callbacks), **trainer_kwargs)
+    model = model if model is not None else FaultyModel(optimizer="fused_adam")
+    trainer.fit(model, loader())
+    return model, trainer
+
+
+def test_quiet_steps_read_nothing_until_the_logs_need_it(monkeypatch):
+    reads = HostReads(monkeypatch)
+    _run({"enable_prediction": False}, callbacks=[reads], log_every_n_steps=50)
+    assert set(reads.by_step) == set(range(6, 41, 6)) | {40}  # once per Full cycle (6 steps), and at the end
+
+
+def test_logging_steps_read_what_they_log(monkeypatch):
+    reads = HostReads(monkeypatch)
+    _run({"enable_prediction": False, "full_steps": 50}, callbacks=[reads], log_every_n_steps=10)
+    assert set(reads.by_step) == {10, 20, 30, 40}
+
+
+def test_without_a_device_skip_every_step_is_read(monkeypatch):
+    """Adam without ``fused=True`` cannot be told on the device to skip: each step is read before its update."""
+    reads = HostReads(monkeypatch)
+    _run({"enable_prediction": False}, model=FaultyModel(), callbacks=[reads], log_every_n_steps=10)
+    assert set(reads.by_step) == set(range(1, 41))
+
+
+def _host_read_run(monkeypatch, settings, faults, steps=40):
+    """The same run with every quiet step read at once (the device skip disabled)."""
+    with monkeypatch.context() as patch:
+        patch.setattr(StepGuard, "skips_on_device", lambda self, optimizer: False)
+        return _run(settings, steps, FaultyModel(faults, optimizer="fused_adam"))
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{"enable_prediction": False}, {"confidence_threshold": 1.0, "backoff_after": 1}],
+    ids=["prediction-off", "backed-off"],
+)
+def test_quiet_steps_skip_faults_on_the_device_as_the_host_path_does(monkeypatch, settings):
+    """A NaN loss and an exploding gradient on quiet steps are skipped on the device: same weights, counters and
+    statistics, bitwise, as when every step is read before its update."""
+    faults = {(Phase.FULL, 20): "nan", (Phase.FULL, 45): "explosion"}  # both inside back-off pauses
+    model, trainer = _run(settings, 60, FaultyModel(faults, optimizer="fused_adam"), log_every_n_steps=50)
+    host_model, host_trainer = _host_read_run(monkeypatch, settings, faults, steps=60)
+    quiet = scheduler_of(trainer)
+    summary, host = quiet.summary(), scheduler_of(host_trainer).summary()
+    assert [kind for *_, kind in model.injected] == ["nan", "explosion"]
+    assert summary["backed_off_steps"] >= 36
+    assert (summary["nonfinite_steps_skipped"], summary["outlier_steps_skipped"]) == (1, 1)
+    assert {k: v for k, v in summary.items() if "time" not in k} == {k: v for k, v in host.items() if "time" not in k}
+    assert torch.isfinite(flat_params(model)).all()
+    assert torch.equal(flat_params(model), flat_params(host_model))
+    assert quiet.monitor.state_dict() == scheduler_of(host_trainer).monitor.state_dict()
+
+
+def test_a_skipped_quiet_step_leaves_weights_and_optimizer_state_untouched():
+    class Watch(L.Callback):
+        """Weights and optimizer state around every step: ``before[g]`` as step ``g`` starts, ``after[g]`` as it
+        ends."""
+
+        def __init__(self) -> None:
+            self.before, self.after = {}, {}
+
+        def _take(self, trainer, pl_module):
+            states = [{k: v.clone() for k, v in s.items()} for s in trainer.optimizers[0].state.values()]
+            return flat_params(pl_module), states
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            self.before[trainer.global_step] = self._take(trainer, pl_module)
+
+        def on_train_batch_end(self, trainer, pl_module, *args) -> None:
+            self.after[trainer.global_step - 1] = self._take(trainer, pl_module)
+            assert not hasattr(trainer.optimizers[0], "found_inf")  # handed back after the step
+
+    watch, model = Watch(), FaultyModel({(Phase.FULL, 10): "inf"}, optimizer="fused_adam")
+    _run({"enable_prediction": False}, 20, model, [watch])
+    ((step, _, _),) = model.injected
+    (params, states), (params_after, states_after) = watch.before[step], watch.after[step]
+    assert torch.equal(params, params_after)
+    for state, state_after in zip(states, states_after, strict=True):
+        assert all(torch.equal(state[k], state_after[k]) for k in state)  # the step count too
+    assert not torch.equal(watch.before[step + 1][0], watch.after[step + 1][0])  # the next step trains again
+
+
+def test_resume_with_quiet_steps_not_yet_read_is_bitwise_exact(tmp_path):
+    """A checkpoint between two reads holds the unread steps; the resumed run learns from them as the
+    uninterrupted one does."""
+    settings = {"confidence_threshold": 1.0, "backoff_after": 1, "full_steps": 5}
+    ckpt = ModelCheckpoint(tmp_path, every_n_train_steps=8, save_top_k=-1, filename="{step}")  # epoch ends
+    model, trainer = _run(settings, 60, callbacks=[ckpt], enable_checkpointing=True, log_every_n_steps=50)
+    state = torch.load(tmp_path / "step=48.ckpt", weights_only=False)
+    (engine_state,) = [v for k, v in state["callbacks"].items() if k.startswith("HybridScheduler")]
+    assert engine_state.get("deferred"), "the checkpoint must fall between two reads"
+    resumed_model, resumed = FaultyModel(optimizer="fused_adam"), hybrid_trainer(60, settings, log_every_n_steps=50)[0]
+    resumed.fit(resumed_model, loader(), ckpt_path=tmp_path / "step=48.ckpt")
+    assert torch.equal(flat_params(resumed_model), flat_params(model))
+    assert scheduler_of(resumed).monitor.state_dict() == scheduler_of(trainer).monitor.state_dict()
+    summary, resumed_summary = scheduler_of(trainer).summary(), scheduler_of(resumed).summary()
+    assert {k: v for k, v in summary.items() if "time" not in k} == {
+        k: v for k, v in resumed_summary.items() if "time" not in k
+    }
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: proves the quiet steps never synchronise")
+def test_quiet_steps_never_synchronise_on_cuda():
+    class SyncDebug(L.Callback):
+        """Errors on any device synchronisation during steps 5 to 25 (no logging there)."""
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            torch.cuda.set_sync_debug_mode("error" if 5 <= trainer.global_step < 25 else 0)
+
+        def on_train_batch_end(self, trainer, pl_module, *args) -> None:
+            torch.cuda.set_sync_debug_mode(0)
+
+    model = FaultyModel({(Phase.FULL, 12): "nan"}, optimizer="fused_adam")
+    trainer, _ = hybrid_trainer(
+        30,
+        {"enable_prediction": False},
+        extra_callbacks=[SyncDebug()],
+        accelerator="cuda",
+        devices=1,
+        log_every_n_steps=50,
+    )
+    trainer.fit(model, loader())
+    assert scheduler_of(trainer).summary()["nonfinite_steps_skipped"] == 1
+    assert math.isfinite(float(flat_params(model).sum()))
