@@ -30,6 +30,7 @@ TRAINER = [
     "trainer.accelerator=cpu",
     "trainer.enable_model_summary=false",
     "trainer.enable_progress_bar=false",
+    "trainer.log_every_n_steps=1",  # per-step curves, read back below
     "callbacks=none",
     "hybrid.warmup_steps=3",
     "hybrid.correction_steps=2",

@@ -137,10 +137,13 @@ def test_quick_overheads_time_every_component(tmp_path):
         "backed_off": 1,
     }
     memory = result["memory"]
-    assert memory["runs"]["hybrid"]["predicted_steps"] > 0 and "predicted_steps" not in memory["runs"]["plain"]
-    assert memory["runs"]["plain"]["param_bytes"] == memory["runs"]["hybrid"]["param_bytes"] == 4 * profile["params"]
+    runs = memory["runs"]
+    assert runs["linear"]["predicted_steps"] > 0 and "predicted_steps" not in runs["plain"]
+    assert {run["param_bytes"] for run in runs.values()} == {4 * profile["params"]}
+    assert set(memory["in_parameter_copies"]) == {"linear", "outer", "average"}
     text = (tmp_path / "overheads.md").read_text()
     assert all(label in text for label in COMPONENTS)
+    assert all(f"Peak memory, `{label}` minus plain" in text for label in ("linear", "outer", "average"))
 
 
 def test_gpt2_sized_task_has_gpt2_small_shape(tmp_path):

@@ -116,3 +116,32 @@ def test_state_with_other_shapes_is_refused():
 
 def test_build_by_name():
     assert isinstance(build_predictor("linear", decay=0.5), LinearPredictor)
+
+
+def test_update_statistics_match_a_direct_computation_across_a_reload():
+    """``||delta||^2``, ``||m||^2`` and ``<delta, m>`` come from three passes (the last norm kept for the next step);
+    they match the statistics computed from the tensors themselves, also right after a ``load_state_dict``."""
+    params = _params()
+    g = torch.Generator().manual_seed(5)
+    predictor = LinearPredictor(decay=0.7)
+    predictor.setup(params, 16)
+    reference = [[torch.zeros_like(p) for p in group] for group in params]
+    for t in range(12):
+        if t == 6:  # a resumed run: the predictor restarts from its state
+            state = predictor.state_dict()
+            predictor = LinearPredictor(decay=0.7)
+            predictor.load_state_dict(state)
+            predictor.setup(params, 16)
+        deltas = [[0.1 + torch.randn(p.shape, generator=g, dtype=p.dtype) for p in group] for group in params]
+        flat = [torch.cat([d.flatten() for d in group]).double() for group in deltas]
+        avg = [torch.cat([m.flatten() for m in group]).double() for group in reference]
+        actual, avg_sq, dots = predictor._track([[d.clone() for d in group] for group in deltas])
+        assert actual == pytest.approx([float(f @ f) for f in flat], rel=1e-5)
+        assert avg_sq == pytest.approx([float(m @ m) for m in avg], rel=1e-5, abs=1e-9)
+        assert dots == pytest.approx([float(f @ m) for f, m in zip(flat, avg)], rel=1e-4, abs=1e-5)
+        for group, ref in zip(deltas, reference):
+            for d, m in zip(group, ref):
+                m.mul_(0.7).add_(d, alpha=0.3)
+    for group, ref in zip(predictor.directions(), reference):
+        for m, r in zip(group, ref):
+            torch.testing.assert_close(m, r)

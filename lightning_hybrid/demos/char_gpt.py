@@ -158,7 +158,9 @@ class CharGPT(L.LightningModule):
 
     def configure_optimizers(self) -> dict:
         hp = self.hparams
-        opt = torch.optim.AdamW(self.parameters(), lr=hp.lr, weight_decay=0.01)
+        # fused on GPUs, as nanoGPT does: faster, and it takes the device-side skip of idle hybrid steps
+        fused = self.device.type == "cuda"
+        opt = torch.optim.AdamW(self.parameters(), lr=hp.lr, weight_decay=0.01, fused=fused)
 
         sched = torch.optim.lr_scheduler.LambdaLR(
             opt, partial(lr_factor, hp.schedule, hp.warmup_steps, hp.max_steps, hp.decay_fraction)

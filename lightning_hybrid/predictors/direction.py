@@ -26,7 +26,7 @@ class DirectionPredictor(Predictor):
     explained, times ``exp(-uncertainty)`` for ensembles.
 
     Args:
-        decay: weight of the old average in ``m`` per observed step, in ``[0, 1)``.
+        decay: weight of the old average in ``m`` per observed step, in ``(0, 1)``.
         max_scale: bound on ``s_g``; a predicted step is at most this many average updates.
         loss_window: number of recent ordinary-step losses in the loss-trend fit (>= 3).
         bound_sigmas: width of the loss upper bound in noise standard deviations.
@@ -42,12 +42,13 @@ class DirectionPredictor(Predictor):
         min_observations: int = 10,
     ) -> None:
         owner = type(self).__name__
-        self.decay = check_float(owner, "decay", decay, 0.0, 1.0 - 1e-12)
+        self.decay = check_float(owner, "decay", decay, 0.0, 1.0 - 1e-12, open_low=True)
         self.max_scale = check_float(owner, "max_scale", max_scale, 0.0, open_low=True)
         self.loss_window = check_int(owner, "loss_window", loss_window, 3)
         self.bound_sigmas = check_float(owner, "bound_sigmas", bound_sigmas, 0.0, open_low=True)
         self.min_observations = check_int(owner, "min_observations", min_observations, 1)
         self._avg: list[list[Tensor]] = []
+        self._avg_sq: list[float] | None = None  # ||m||^2 per group, kept from the last step (None: not known)
         self._conf = 0.0
         self._observed = 0
         self._trend = LossTrend(loss_window)
@@ -81,6 +82,7 @@ class DirectionPredictor(Predictor):
         shapes = [[tuple(p.shape) for p in group] for group in params]
         if shapes != [[tuple(t.shape) for t in group] for group in self._avg]:
             self._avg = [[torch.zeros_like(p) for p in group] for group in params]
+            self._avg_sq = None
             self._build(len(params), feature_dim, params[0][0].device)
         if self._pending is not None:
             state, self._pending = self._pending, None
@@ -123,20 +125,25 @@ class DirectionPredictor(Predictor):
         return stats
 
     def _track(self, deltas: TensorGroups) -> tuple[list[float], list[float], list[float]]:
-        """Fold ``deltas`` into the averages; return ``||delta||^2``, ``||m||^2`` and ``<delta, m>`` per group."""
+        """Fold ``deltas`` into the averages; return ``||delta||^2``, ``||m||^2`` and ``<delta, m>`` per group.
+
+        Three passes over each group: ``||delta||``, the average's update (one lerp) and the new average's norm,
+        kept for the next step. ``<delta, m>`` follows from the norms:
+        ``||m'||^2 = d^2 ||m||^2 + 2 d (1 - d) <delta, m> + (1 - d)^2 ||delta||^2``."""
+        d, known = self.decay, self._avg_sq is not None
         rows = []
         with torch.no_grad():
             for delta, avg in zip(deltas, self._avg):
                 delta = list(delta)
-                actual = sq_norm(delta)
-                old = sq_norm(avg)
-                torch._foreach_sub_(delta, avg)  # delta := delta - m
-                diff = sq_norm(delta)
-                torch._foreach_add_(avg, delta, alpha=1.0 - self.decay)  # m += (1 - decay) * (delta - m)
-                rows.append(torch.stack([actual, old, diff]))
-        # summed over the ranks' shards under FSDP; one host sync per step
-        actual_sq, avg_sq, diff_sq = self.sum_across_ranks(torch.stack(rows)).double().T.tolist()
-        dots = [(a + m - d) / 2 for a, m, d in zip(actual_sq, avg_sq, diff_sq)]  # <delta, m> by polarisation
+                norms = [sq_norm(delta)] if known else [sq_norm(delta), sq_norm(avg)]  # after setup or a load
+                torch._foreach_lerp_(avg, delta, 1.0 - d)  # m := d m + (1 - d) delta
+                rows.append(torch.stack([*norms, sq_norm(avg)]))
+        # summed over the ranks' shards under FSDP; one host read per step
+        columns = self.sum_across_ranks(torch.stack(rows)).double().T.tolist()
+        actual_sq, new_sq = columns[0], columns[-1]
+        avg_sq = self._avg_sq if known else columns[1]
+        dots = [(n - d * d * m - (1 - d) ** 2 * a) / (2 * d * (1 - d)) for a, m, n in zip(actual_sq, avg_sq, new_sq)]
+        self._avg_sq = new_sq
         return actual_sq, avg_sq, dots
 
     def _clip_scale(self, value: float) -> float:
@@ -180,6 +187,7 @@ class DirectionPredictor(Predictor):
         with torch.no_grad():
             for dst, src in zip(self._avg, state["avg"]):
                 torch._foreach_copy_(dst, [s.to(d.device) for s, d in zip(src, dst)])
+        self._avg_sq = None  # measured on the next observed step
         self._conf, self._observed = float(state["conf"]), int(state["observed"])
         self._trend.load_state_dict(state["trend"])
         self._load_extra_state(state["extra"])
