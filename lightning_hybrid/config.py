@@ -41,6 +41,11 @@ class HybridConfig:
             the optimizer state moves to (pinned) host memory when a segment starts, and is copied back
             asynchronously when it ends, in time for the next optimizer update. ``"aggressive"``: also keeps the
             rollback snapshot in host memory, releasing the device's update buffer during the segment.
+        observe_every: while tracking, capture the update of one ordinary step in this many and teach it to the
+            predictor; the others feed only the loss trend. Tracking one update costs a few passes over the
+            parameters (the capture's copy and subtraction, the predictor's average and norms), so observing one
+            step in ``k`` divides that cost by ``k``; the predictor's average update is then an average over the
+            observed steps, and it needs ``k`` times as many steps to see ``min_observations`` updates.
         predict_precision: ``"32"`` runs Predict forward checks in the Trainer's precision; ``"bf16"`` runs them
             under bf16 autocast whatever the Trainer's precision. Updates are applied in the parameters' dtype.
     """
@@ -57,6 +62,7 @@ class HybridConfig:
     enable_prediction: bool = True
     predict_memory: str = "none"
     predict_precision: str = "32"
+    observe_every: int = 1
 
     def __post_init__(self) -> None:
         owner = "HybridConfig"
@@ -73,6 +79,7 @@ class HybridConfig:
             raise ValueError(f"{owner}: `enable_prediction` must be True or False, got {self.enable_prediction!r}")
         check_choice(owner, "predict_memory", self.predict_memory, PREDICT_MEMORY)
         check_choice(owner, "predict_precision", self.predict_precision, PREDICT_PRECISION)
+        check_int(owner, "observe_every", self.observe_every, 1)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

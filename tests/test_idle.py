@@ -1,6 +1,7 @@
-"""Free when idle: steps with nothing to learn (prediction off, backed off, gated) cost no host read per step when
-the optimizer can be told on the device to skip an update (torch's fused optimizers, a gradient scaler). They are
-still guarded, and the engine learns from them later, exactly as if each had been read at once."""
+"""What the plugin costs when it has little to do. Steps with nothing to learn (prediction off, backed off,
+gated) cost no host read per step when the optimizer can be told on the device to skip an update (torch's fused
+optimizers, a gradient scaler). They are still guarded, and the engine learns from them later, exactly as if each
+had been read at once. While tracking, ``observe_every`` captures one update in k."""
 
 import math
 import sys
@@ -12,10 +13,10 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 import lightning_hybrid
-from lightning_hybrid import Phase
+from lightning_hybrid import DynamicsPredictor, Phase
 from lightning_hybrid.engine.guard import StepGuard
 from tests.faults.common import FaultyModel
-from tests.helpers import flat_params, hybrid_trainer, loader, scheduler_of
+from tests.helpers import RegressionModel, flat_params, hybrid_trainer, loader, phases, scheduler_of
 
 PACKAGE = str(Path(lightning_hybrid.__file__).parent)
 HOST_READS = ("item", "tolist", "__float__", "__bool__", "__int__")
@@ -170,3 +171,21 @@ def test_quiet_steps_never_synchronise_on_cuda():
     trainer.fit(model, loader())
     assert scheduler_of(trainer).summary()["nonfinite_steps_skipped"] == 1
     assert math.isfinite(float(flat_params(model).sum()))
+
+
+def test_observe_every_captures_one_update_in_k_and_still_predicts():
+    trainer, logger = hybrid_trainer(80, {"observe_every": 3, "min_observations": 3})
+    predictor = next(cb for cb in trainer.callbacks if isinstance(cb, DynamicsPredictor)).predictor
+    observed: list[tuple[int, bool]] = []
+    observe = predictor.observe
+
+    def spy(step, loss, deltas, features=None):
+        observed.append((step, deltas is not None))
+        return observe(step, loss, deltas, features)
+
+    predictor.observe = spy
+    trainer.fit(RegressionModel(), loader())
+    captured = [step for step, with_delta in observed if with_delta]
+    assert captured and all((step - 1) % 3 == 0 for step in captured)  # the step began at a multiple of 3
+    assert len(observed) > 2 * len(captured)  # the other ordinary steps still feed the loss trend
+    assert Phase.PREDICT in phases(logger).values()

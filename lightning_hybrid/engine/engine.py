@@ -143,7 +143,8 @@ class HybridEngine(Learning, SegmentCycle, TrajectoryCycle, EngineState):
         backed_off = phase.ordinary and self.policy.backed_off(self.global_step, store.lrs())
         rule = self.rule
         idle = backed_off and rule is None and not store.snapshot_alive  # nothing to learn, nothing to verify
-        capture = phase.ordinary and not store.snapshot_alive and not backed_off and rule is None
+        sampled = self.global_step % self.config.observe_every == 0
+        capture = phase.ordinary and not store.snapshot_alive and not backed_off and rule is None and sampled
         quiet = idle and self.step_guard.skips_on_device(store.optimizer)
         if not quiet:
             self.read_deferred()
