@@ -77,6 +77,8 @@ GRIDS: dict[str, list[tuple[str, list[str]]]] = {
     # char_gpt_mid, where the chosen setting loses: a smaller effective step (eta / (1 - mu) = 0.71 against 1.4),
     # a larger one (1.8), and the longer cycle that was best on the small char GPT
     "outer_mid": [outer(20, 0.5, 0.3), outer(20, 0.9, 0.5), outer(50, 0.7, 0.5)],
+    # the smaller step that gained on char_gpt_mid's first seed, for its other seeds
+    "mid_candidate": [outer(20, 0.5, 0.3)],
     # the chosen setting, with its delayed verification and without (the ablation)
     "chosen": [outer(20, 0.7, 0.5), outer(20, 0.7, 0.5, verify=False)],
     "chosen_verified": [outer(20, 0.7, 0.5)],

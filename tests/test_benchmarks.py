@@ -134,6 +134,7 @@ def test_quick_overheads_time_every_component(tmp_path):
     assert result["predict_step"]["with_check"] is not None and result["predict_step"]["without_check"] is not None
     assert {mode: len(r) for mode, r in result["ordinary_overhead"]["ratios"].items()} == {
         "tracking": 1,
+        "tracking_every_4": 1,
         "backed_off": 1,
     }
     memory = result["memory"]
