@@ -129,17 +129,24 @@ def test_a_skipped_quiet_step_leaves_weights_and_optimizer_state_untouched():
     assert not torch.equal(watch.before[step + 1][0], watch.after[step + 1][0])  # the next step trains again
 
 
-def test_resume_with_quiet_steps_not_yet_read_is_bitwise_exact(tmp_path):
-    """A checkpoint between two reads holds the unread steps; the resumed run learns from them as the
-    uninterrupted one does."""
-    settings = {"confidence_threshold": 1.0, "backoff_after": 1, "full_steps": 5}
+@pytest.mark.parametrize(
+    ("settings", "at"),
+    [({"confidence_threshold": 1.0, "backoff_after": 1, "full_steps": 5}, 48), ({}, 32)],
+    ids=["backed-off", "predicting"],
+)
+def test_resume_with_quiet_steps_not_yet_read_is_bitwise_exact(tmp_path, settings, at):
+    """A checkpoint between two reads holds the unread steps (and, while tracking, the predictor's statistics of
+    their updates); the resumed run learns from them as the uninterrupted one does."""
     ckpt = ModelCheckpoint(tmp_path, every_n_train_steps=8, save_top_k=-1, filename="{step}")  # epoch ends
-    model, trainer = _run(settings, 60, callbacks=[ckpt], enable_checkpointing=True, log_every_n_steps=50)
-    state = torch.load(tmp_path / "step=48.ckpt", weights_only=False)
+    model, trainer = _run(settings, 60, callbacks=[ckpt], enable_checkpointing=True, log_every_n_steps=100)
+    state = torch.load(tmp_path / f"step={at}.ckpt", weights_only=False)
     (engine_state,) = [v for k, v in state["callbacks"].items() if k.startswith("HybridScheduler")]
     assert engine_state.get("deferred"), "the checkpoint must fall between two reads"
-    resumed_model, resumed = FaultyModel(optimizer="fused_adam"), hybrid_trainer(60, settings, log_every_n_steps=50)[0]
-    resumed.fit(resumed_model, loader(), ckpt_path=tmp_path / "step=48.ckpt")
+    tracking = any(d["tracked"] is not None for d in engine_state["deferred"])
+    assert tracking == (not settings)
+    resumed_model = FaultyModel(optimizer="fused_adam")
+    resumed = hybrid_trainer(60, settings, log_every_n_steps=100)[0]
+    resumed.fit(resumed_model, loader(), ckpt_path=tmp_path / f"step={at}.ckpt")
     assert torch.equal(flat_params(resumed_model), flat_params(model))
     assert scheduler_of(resumed).monitor.state_dict() == scheduler_of(trainer).monitor.state_dict()
     summary, resumed_summary = scheduler_of(trainer).summary(), scheduler_of(resumed).summary()
@@ -148,27 +155,38 @@ def test_resume_with_quiet_steps_not_yet_read_is_bitwise_exact(tmp_path):
     }
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: proves the quiet steps never synchronise")
-def test_quiet_steps_never_synchronise_on_cuda():
-    class SyncDebug(L.Callback):
-        """Errors on any device synchronisation during steps 5 to 25 (no logging there)."""
+class SyncDebug(L.Callback):
+    """Errors on any device synchronisation during the steps ``quiet(trainer)`` picks."""
 
-        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-            torch.cuda.set_sync_debug_mode("error" if 5 <= trainer.global_step < 25 else 0)
+    def __init__(self, quiet) -> None:
+        self.quiet, self.checked = quiet, 0
 
-        def on_train_batch_end(self, trainer, pl_module, *args) -> None:
-            torch.cuda.set_sync_debug_mode(0)
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        on = self.quiet(trainer)
+        self.checked += on
+        torch.cuda.set_sync_debug_mode("error" if on else 0)
 
-    model = FaultyModel({(Phase.FULL, 12): "nan"}, optimizer="fused_adam")
+    def on_train_batch_end(self, trainer, pl_module, *args) -> None:
+        torch.cuda.set_sync_debug_mode(0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: proves that quiet steps never synchronise")
+@pytest.mark.parametrize("settings", [{"enable_prediction": False}, {}], ids=["prediction-off", "predicting"])
+def test_quiet_steps_never_synchronise_on_cuda(settings):
+    def inside_a_full_cycle(trainer) -> bool:  # neither its first step nor its last: nothing is read there
+        machine = scheduler_of(trainer).engine.machine
+        return machine.phase is Phase.FULL and 0 < machine.phase_step < machine.full_steps - 1
+
+    def quiet(trainer) -> bool:
+        return 5 <= trainer.global_step < 25 if not settings else inside_a_full_cycle(trainer)
+
+    sync = SyncDebug(quiet)
+    model = FaultyModel({(Phase.FULL, 8): "nan"}, optimizer="fused_adam")
     trainer, _ = hybrid_trainer(
-        30,
-        {"enable_prediction": False},
-        extra_callbacks=[SyncDebug()],
-        accelerator="cuda",
-        devices=1,
-        log_every_n_steps=50,
+        40, settings, extra_callbacks=[sync], accelerator="cuda", devices=1, log_every_n_steps=100
     )
     trainer.fit(model, loader())
+    assert sync.checked >= 10
     assert scheduler_of(trainer).summary()["nonfinite_steps_skipped"] == 1
     assert math.isfinite(float(flat_params(model).sum()))
 
@@ -189,3 +207,53 @@ def test_observe_every_captures_one_update_in_k_and_still_predicts():
     assert captured and all((step - 1) % 3 == 0 for step in captured)  # the step began at a multiple of 3
     assert len(observed) > 2 * len(captured)  # the other ordinary steps still feed the loss trend
     assert Phase.PREDICT in phases(logger).values()
+
+
+class PhaseWatch(L.Callback):
+    """The phase each step ran in, without a logger (logging steps read everything)."""
+
+    def __init__(self) -> None:
+        self.by_step: dict[int, Phase] = {}
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.by_step[trainer.global_step + 1] = scheduler_of(trainer).phase
+
+
+def test_tracking_steps_are_read_once_per_cycle(monkeypatch):
+    """While the predictor learns (Warmup, Full, Correct), its observation is folded in on the device and read at
+    the cycle's end, with the steps before it; only Predict segments and their verdict read on their own steps."""
+    reads, watch = HostReads(monkeypatch), PhaseWatch()
+    _run({}, 60, FaultyModel(optimizer="fused_adam"), [reads, watch], log_every_n_steps=100)
+    phase = watch.by_step
+    assert Phase.PREDICT in phase.values()
+    inside = [s for s in phase if phase[s] is Phase.FULL and phase.get(s - 1) is phase.get(s + 1) is Phase.FULL]
+    assert len(inside) >= 12 and not any(reads.by_step.get(s) for s in inside)  # a Full cycle's steps read nothing
+    cycle_ends = [s for s in phase if phase[s] is Phase.FULL and phase.get(s + 1) is Phase.PREDICT]
+    assert all(reads.by_step.get(s) for s in cycle_ends)  # its last step reads them all, before the decision
+
+
+def test_quiet_tracking_learns_exactly_what_reading_every_step_learns(monkeypatch):
+    """A predicting run whose ordinary steps are read once per cycle: same phases, weights, statistics and summary,
+    bitwise, as the run that reads every step, with a NaN and an exploding gradient among the tracked steps."""
+    faults = {(Phase.FULL, 9): "nan", (Phase.FULL, 20): "explosion"}
+    runs = []
+    for device_skip in (True, False):
+        with monkeypatch.context() as patch:
+            if not device_skip:
+                patch.setattr(StepGuard, "skips_on_device", lambda self, optimizer: False)
+            watch = PhaseWatch()
+            model, trainer = _run({}, 70, FaultyModel(faults, optimizer="fused_adam"), [watch], log_every_n_steps=100)
+            runs.append((model, scheduler_of(trainer), watch.by_step))
+    (quiet_model, quiet, quiet_phases), (host_model, host, host_phases) = runs
+    assert [kind for *_, kind in quiet_model.injected] == ["nan", "explosion"]
+    assert quiet_phases == host_phases and Phase.PREDICT in quiet_phases.values()
+    assert torch.equal(flat_params(quiet_model), flat_params(host_model))
+    strip = lambda summary: {k: v for k, v in summary.items() if "time" not in k}  # noqa: E731
+    assert strip(quiet.summary()) == strip(host.summary())
+    assert quiet.summary()["nonfinite_steps_skipped"] == quiet.summary()["outlier_steps_skipped"] == 1
+    assert quiet.monitor.state_dict() == host.monitor.state_dict()
+    quiet_predictor, host_predictor = quiet.predictor.predictor.state_dict(), host.predictor.predictor.state_dict()
+    assert torch.equal(
+        torch.cat([t.flatten() for g in quiet_predictor["avg"] for t in g]),
+        torch.cat([t.flatten() for g in host_predictor["avg"] for t in g]),
+    )

@@ -135,7 +135,8 @@ def test_update_statistics_match_a_direct_computation_across_a_reload():
         deltas = [[0.1 + torch.randn(p.shape, generator=g, dtype=p.dtype) for p in group] for group in params]
         flat = [torch.cat([d.flatten() for d in group]).double() for group in deltas]
         avg = [torch.cat([m.flatten() for m in group]).double() for group in reference]
-        actual, avg_sq, dots = predictor._track([[d.clone() for d in group] for group in deltas])
+        tracked = predictor.track([[d.clone() for d in group] for group in deltas]).tolist()
+        actual, avg_sq, dots = predictor._statistics(tracked)
         assert actual == pytest.approx([float(f @ f) for f in flat], rel=1e-5)
         assert avg_sq == pytest.approx([float(m @ m) for m in avg], rel=1e-5, abs=1e-9)
         assert dots == pytest.approx([float(f @ m) for f, m in zip(flat, avg)], rel=1e-4, abs=1e-5)

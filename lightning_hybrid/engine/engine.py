@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -34,6 +34,14 @@ from lightning_hybrid.engine.trajectory import TrajectoryCycle, TrajectoryState
 from lightning_hybrid.outputs import loss_of, mark_predicted
 from lightning_hybrid.phase import Phase
 from lightning_hybrid.predictors import Plan
+
+
+def _read(values: Tensor | list | None, flat: Iterator[float]) -> list | None:
+    """``values``, a tensor whose numbers come next in ``flat``, as (nested) lists; anything else unchanged."""
+    if not isinstance(values, Tensor):
+        return values
+    taken = [next(flat) for _ in range(values.numel())]
+    return torch.tensor(taken, dtype=torch.float64).view(values.shape).tolist() if values.dim() > 1 else taken
 
 
 class HybridEngine(Learning, SegmentCycle, TrajectoryCycle, EngineState):
@@ -142,10 +150,12 @@ class HybridEngine(Learning, SegmentCycle, TrajectoryCycle, EngineState):
         phase, store = self.machine.phase, self.store
         backed_off = phase.ordinary and self.policy.backed_off(self.global_step, store.lrs())
         rule = self.rule
-        idle = backed_off and rule is None and not store.snapshot_alive  # nothing to learn, nothing to verify
         sampled = self.global_step % self.config.observe_every == 0
         capture = phase.ordinary and not store.snapshot_alive and not backed_off and rule is None and sampled
-        quiet = idle and self.step_guard.skips_on_device(store.optimizer)
+        # nothing to verify, and what there is to learn can wait: guarded on the device, read later
+        deferrable = not capture or self.parts.predictor.splits_observation
+        quiet = phase.ordinary and rule is None and not store.snapshot_alive and deferrable
+        quiet = quiet and self.step_guard.skips_on_device(store.optimizer)
         if not quiet:
             self.read_deferred()
         self.step = StepRecord(
@@ -161,7 +171,7 @@ class HybridEngine(Learning, SegmentCycle, TrajectoryCycle, EngineState):
     def after_optimizer_step(self) -> None:
         if self.step.quiet:
             self.step_guard.step_done(self.store.optimizer)
-        elif self.step.capture:
+        if self.step.capture:
             self.store.after_update()
             self.step.delta_ready = True
         elif self.rule is not None:
@@ -177,7 +187,11 @@ class HybridEngine(Learning, SegmentCycle, TrajectoryCycle, EngineState):
         seconds = time.perf_counter() - step.started
         self.record.count_step(step, seconds)
         if step.quiet:
-            self.deferred.append(Deferred(step, global_step, seconds, lrs))
+            entry = Deferred(step, global_step, seconds, lrs)
+            if step.delta_ready and isinstance(step.reading, Tensor):  # fold the update in now, learn later
+                keep = 1.0 - step.reading[2:].amax()  # 0 when the guard skipped the update on the device
+                entry.tracked = self.parts.predictor.track(self.store.buffer_groups, keep)
+            self.deferred.append(entry)
             if len(self.deferred) >= self.config.full_steps:  # once per cycle: the outlier limit stays recent
                 self.read_deferred()
             self._advance()
@@ -192,20 +206,24 @@ class HybridEngine(Learning, SegmentCycle, TrajectoryCycle, EngineState):
         """Read the quiet steps' values to the host at once (one transfer, not one per step) and learn from each
         step in order, exactly as if it had been read when it ran."""
         pending, self.deferred = self.deferred, []
-        on_device = [d.step.reading for d in pending if isinstance(d.step.reading, Tensor)]
-        values = iter(torch.stack(on_device).tolist() if on_device else [])
+        on_device = [t for d in pending for t in (d.step.reading, d.tracked) if isinstance(t, Tensor)]
+        if on_device:  # one transfer for all of them
+            flat = iter(torch.cat([t.flatten() for t in on_device]).tolist())
+            for d in pending:
+                d.step.reading, d.tracked = _read(d.step.reading, flat), _read(d.tracked, flat)
         counters = self.record.counters
         for entry in pending:
             step = entry.step
             if step.reading is not None:
-                reading = next(values) if isinstance(step.reading, Tensor) else step.reading
-                step.loss, step.grad_norm, nonfinite, outlier = reading
+                step.loss, step.grad_norm, nonfinite, outlier = step.reading
                 step.skipped, step.reading = bool(nonfinite or outlier), None
                 counters.nonfinite_steps_skipped += int(bool(nonfinite))
                 counters.outlier_steps_skipped += int(bool(outlier and not nonfinite))
             else:
                 step.skipped = True  # the user's training_step skipped the batch
-            self._learn_from(step, entry.global_step, entry.lrs, entry.seconds)
+            if step.skipped and entry.tracked is not None:
+                self.parts.predictor.skip(entry.tracked)  # folded in with weight zero
+            self._learn_from(step, entry.global_step, entry.lrs, entry.seconds, entry.tracked)
 
     def _advance(self) -> None:
         horizon = self.plan.horizon if self.plan is not None else 0

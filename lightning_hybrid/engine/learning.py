@@ -15,27 +15,33 @@ from lightning_hybrid.phase import Phase
 class Learning:
     """Observation of finished steps; mixed into :class:`~.engine.HybridEngine`."""
 
-    def _learn_from(self, step: StepRecord, global_step: int, lrs: list[float], seconds: float) -> float:
-        """Everything a finished step teaches; returns the loss the predictor expected for it (``nan`` if none)."""
+    def _learn_from(
+        self, step: StepRecord, global_step: int, lrs: list[float], seconds: float, tracked: list | None = None
+    ) -> float:
+        """Everything a finished step teaches; returns the loss the predictor expected for it (``nan`` if none).
+        ``tracked``: the predictor's statistics of a quiet step's update, folded in when the step ran."""
         predicted_loss = step.predicted_loss
         step.error = math.nan
         if step.phase.ordinary and not step.skipped and math.isfinite(step.loss):
             if self.rule is not None:
                 self._rule_observe(step.loss)
             else:
-                predicted_loss = self._observe(step, global_step, lrs)
+                predicted_loss = self._observe(step, global_step, lrs, tracked)
         self._record_bandit_step(step, seconds)
         return predicted_loss
 
-    def _observe(self, step: StepRecord, global_step: int, lrs: list[float]) -> float:
+    def _observe(self, step: StepRecord, global_step: int, lrs: list[float], tracked: list | None = None) -> float:
         """Feed an ordinary step to the monitor, predictor, corrector and encoder; return the predicted loss."""
         parts, phase = self.parts, step.phase
         loss, encoder = step.loss, parts.encoder
         if phase is not Phase.CORRECT:
             parts.monitor.observe(loss, step.grad_norm)
-        deltas = self.store.buffer_groups if step.delta_ready else None
-        features = encoder.features() if deltas is not None else None  # the state before this step
-        stats = parts.predictor.observe(global_step, loss, deltas, features)
+        deltas = self.store.buffer_groups if step.delta_ready and tracked is None else None
+        features = encoder.features() if step.delta_ready else None  # the state before this step
+        if tracked is not None:
+            stats = parts.predictor.learn(global_step, loss, tracked, features)
+        else:
+            stats = parts.predictor.observe(global_step, loss, deltas, features)
         self.lr_ref = lrs
         if stats is None:
             if step.backed_off:  # the features are refreshed when observation resumes, before any segment

@@ -44,22 +44,35 @@ class Deferred:
     global_step: int
     seconds: float
     lrs: list[float]
+    tracked: Tensor | list[list[float]] | None = None  # the predictor's device half of observing the update
 
     def to_dict(self) -> dict[str, Any]:
-        reading = self.step.reading
-        values = reading.tolist() if isinstance(reading, Tensor) else reading
+        step = self.step
         return {
-            "phase": int(self.step.phase),
+            "phase": int(step.phase),
+            "backed_off": step.backed_off,
             "global_step": self.global_step,
             "seconds": self.seconds,
             "lrs": list(self.lrs),
-            "reading": values,
+            "reading": _host(step.reading),
+            "tracked": _host(self.tracked),
         }
 
     @classmethod
     def from_dict(cls, state: dict[str, Any]) -> Deferred:
-        step = StepRecord(phase=Phase(state["phase"]), backed_off=True, quiet=True, reading=state["reading"])
-        return cls(step, int(state["global_step"]), float(state["seconds"]), [float(v) for v in state["lrs"]])
+        step = StepRecord(
+            phase=Phase(state["phase"]),
+            backed_off=bool(state["backed_off"]),
+            quiet=True,
+            reading=state["reading"],
+            delta_ready=state["tracked"] is not None,  # its update was folded in when it ran
+        )
+        lrs = [float(v) for v in state["lrs"]]
+        return cls(step, int(state["global_step"]), float(state["seconds"]), lrs, state["tracked"])
+
+
+def _host(values: Tensor | list | None) -> list | None:
+    return values.tolist() if isinstance(values, Tensor) else values
 
 
 @dataclass

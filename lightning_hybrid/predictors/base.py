@@ -90,6 +90,9 @@ class Predictor(ABC):
     """
 
     name: ClassVar[str]
+    # whether :meth:`observe` splits into :meth:`track` (on the device, at the step) and :meth:`learn` (on the host,
+    # later): the engine then reads the steps it observes once per cycle instead of on every step
+    splits_observation: ClassVar[bool] = False
 
     @staticmethod
     def sum_across_ranks(statistic: Tensor) -> Tensor:
@@ -121,6 +124,25 @@ class Predictor(ABC):
     ) -> UpdateStats | None:
         """Learn from an ordinary step. ``deltas`` is scratch the predictor may overwrite; ``None`` when only
         the loss is known. Returns how the prediction for this step compared with the actual update."""
+
+    def track(self, deltas: TensorGroups, keep: Tensor | None = None) -> Tensor:
+        """The device half of :meth:`observe` (where ``splits_observation``): fold ``deltas`` into the predictor's
+        tensors now, since the buffer holding them is reused next step, and return the statistics :meth:`learn`
+        needs as a device tensor. ``keep`` (a 0-d device tensor, 1 or 0) is 0 for an update the optimizer skipped
+        on the device: it is then folded in with weight zero."""
+        raise NotImplementedError(f"{type(self).__name__} does not split its observation")
+
+    def learn(
+        self, step: int, loss: float, tracked: list[list[float]], features: Tensor | None = None
+    ) -> UpdateStats | None:
+        """The host half of :meth:`observe`, for an update :meth:`track` folded in; ``tracked`` is its result read
+        to the host. Called in step order, after the steps before it have been learnt."""
+        raise NotImplementedError(f"{type(self).__name__} does not split its observation")
+
+    def skip(self, tracked: list[list[float]]) -> None:
+        """An update :meth:`track` folded in with weight zero (the optimizer skipped it): nothing to learn, but the
+        predictor's host statistics must follow its tensors."""
+        raise NotImplementedError(f"{type(self).__name__} does not split its observation")
 
     @abstractmethod
     def plan(self, horizon: int, features: Tensor | None = None) -> Plan:

@@ -48,7 +48,8 @@ class DirectionPredictor(Predictor):
         self.bound_sigmas = check_float(owner, "bound_sigmas", bound_sigmas, 0.0, open_low=True)
         self.min_observations = check_int(owner, "min_observations", min_observations, 1)
         self._avg: list[list[Tensor]] = []
-        self._avg_sq: list[float] | None = None  # ||m||^2 per group, kept from the last step (None: not known)
+        self._avg_sq: list[float] | None = None  # ||m||^2 per group, kept from the last step learnt
+        self._tracked = False  # an update was folded in since the averages were set: ||m||^2 is kept, not measured
         self._conf = 0.0
         self._observed = 0
         self._trend = LossTrend(loss_window)
@@ -82,7 +83,7 @@ class DirectionPredictor(Predictor):
         shapes = [[tuple(p.shape) for p in group] for group in params]
         if shapes != [[tuple(t.shape) for t in group] for group in self._avg]:
             self._avg = [[torch.zeros_like(p) for p in group] for group in params]
-            self._avg_sq = None
+            self._avg_sq, self._tracked = None, False
             self._build(len(params), feature_dim, params[0][0].device)
         if self._pending is not None:
             state, self._pending = self._pending, None
@@ -95,18 +96,43 @@ class DirectionPredictor(Predictor):
     def confidence(self) -> float:
         return self._conf * math.exp(-self.uncertainty())
 
+    splits_observation = True
+
     def observe(
         self, step: int, loss: float, deltas: TensorGroups | None, features: Tensor | None = None
     ) -> UpdateStats | None:
         if deltas is None:  # nothing to learn from but the loss
             self._trend.add(step, loss)
             return None
+        return self.learn(step, loss, self.track(deltas).tolist(), features)  # one host read per observed step
+
+    def track(self, deltas: TensorGroups, keep: Tensor | None = None) -> Tensor:
+        """Fold ``deltas`` into the averages in three passes per group: ``||delta||``, the average's update (one
+        lerp) and the new average's norm, which :meth:`learn` keeps for the next step. Returns, per group,
+        ``[||delta||^2, (||m||^2 before, after a reset,) ||m'||^2]``, summed over the ranks' shards under FSDP."""
+        weight = 1.0 - self.decay
+        rows = []
+        with torch.no_grad():
+            for delta, avg in zip(deltas, self._avg):
+                delta = list(delta)
+                norms = [sq_norm(delta)] if self._tracked else [sq_norm(delta), sq_norm(avg)]
+                if keep is None:
+                    torch._foreach_lerp_(avg, delta, weight)  # m := d m + (1 - d) delta
+                else:  # the weight a device tensor: a skipped update is folded in with weight zero, without a read
+                    torch._foreach_lerp_(avg, delta, [keep * weight] * len(delta))
+                rows.append(torch.stack([*norms, sq_norm(avg)]))
+        self._tracked = True
+        return self.sum_across_ranks(torch.stack(rows)).double()
+
+    def learn(
+        self, step: int, loss: float, tracked: list[list[float]], features: Tensor | None = None
+    ) -> UpdateStats | None:
         level, slope, noise = self._trend.fit()
         last_step = self._trend.points[-1][0] if len(self._trend) else step
         predicted_loss = level + slope * (step - last_step) if len(self._trend) else math.nan
         self._trend.add(step, loss)
         scales = self._scales(features)
-        actual_sq, avg_sq, dots = self._track(deltas)
+        actual_sq, avg_sq, dots = self._statistics(tracked)
         stats = UpdateStats(
             actual_sq=actual_sq,
             predicted_sq=[s * s * m for s, m in zip(scales, avg_sq)],
@@ -124,24 +150,15 @@ class DirectionPredictor(Predictor):
         self._observed += 1
         return stats
 
-    def _track(self, deltas: TensorGroups) -> tuple[list[float], list[float], list[float]]:
-        """Fold ``deltas`` into the averages; return ``||delta||^2``, ``||m||^2`` and ``<delta, m>`` per group.
+    def skip(self, tracked: list[list[float]]) -> None:
+        self._avg_sq = [row[-1] for row in tracked]  # the average did not move: its norm is the one to keep
 
-        Three passes over each group: ``||delta||``, the average's update (one lerp) and the new average's norm,
-        kept for the next step. ``<delta, m>`` follows from the norms:
+    def _statistics(self, tracked: list[list[float]]) -> tuple[list[float], list[float], list[float]]:
+        """``||delta||^2``, ``||m||^2`` and ``<delta, m>`` per group from :meth:`track`'s norms, by
         ``||m'||^2 = d^2 ||m||^2 + 2 d (1 - d) <delta, m> + (1 - d)^2 ||delta||^2``."""
-        d, known = self.decay, self._avg_sq is not None
-        rows = []
-        with torch.no_grad():
-            for delta, avg in zip(deltas, self._avg):
-                delta = list(delta)
-                norms = [sq_norm(delta)] if known else [sq_norm(delta), sq_norm(avg)]  # after setup or a load
-                torch._foreach_lerp_(avg, delta, 1.0 - d)  # m := d m + (1 - d) delta
-                rows.append(torch.stack([*norms, sq_norm(avg)]))
-        # summed over the ranks' shards under FSDP; one host read per step
-        columns = self.sum_across_ranks(torch.stack(rows)).double().T.tolist()
-        actual_sq, new_sq = columns[0], columns[-1]
-        avg_sq = self._avg_sq if known else columns[1]
+        d = self.decay
+        actual_sq, new_sq = [row[0] for row in tracked], [row[-1] for row in tracked]
+        avg_sq = [row[1] for row in tracked] if len(tracked[0]) == 3 else self._avg_sq
         dots = [(n - d * d * m - (1 - d) ** 2 * a) / (2 * d * (1 - d)) for a, m, n in zip(actual_sq, avg_sq, new_sq)]
         self._avg_sq = new_sq
         return actual_sq, avg_sq, dots
@@ -172,6 +189,8 @@ class DirectionPredictor(Predictor):
             "observed": self._observed,
             "trend": self._trend.state_dict(),
             "extra": self._extra_state(),
+            "avg_sq": self._avg_sq,  # the kept ||m||^2: updates folded in but not learnt yet rely on it
+            "tracked": self._tracked,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -187,7 +206,8 @@ class DirectionPredictor(Predictor):
         with torch.no_grad():
             for dst, src in zip(self._avg, state["avg"]):
                 torch._foreach_copy_(dst, [s.to(d.device) for s, d in zip(src, dst)])
-        self._avg_sq = None  # measured on the next observed step
+        # kept ||m||^2 (checkpoints before it was kept: measured on the next observed step)
+        self._avg_sq, self._tracked = state.get("avg_sq"), bool(state.get("tracked", False))
         self._conf, self._observed = float(state["conf"]), int(state["observed"])
         self._trend.load_state_dict(state["trend"])
         self._load_extra_state(state["extra"])
