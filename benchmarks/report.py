@@ -75,8 +75,16 @@ def write_table(folder: Path) -> str:
         " training time. Validation time is excluded from every clock."
     )
     text = "\n".join(lines) + "\n"
-    (folder / "table.md").write_text(text)
+    write_atomic(folder / "table.md", text)
     return text
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a rename, so that a benchmark running beside this one never reads half a
+    file when it rewrites the table from every result in the folder."""
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(text)
+    partial.replace(path)
 
 
 def plot_task(result: dict[str, Any], path: Path) -> None:

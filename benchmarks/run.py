@@ -30,7 +30,7 @@ import torch
 from omegaconf import open_dict
 
 from benchmarks.curves import AXES, Curve, CurveRecorder, time_to_target, value_at
-from benchmarks.report import plot_task, write_table
+from benchmarks.report import plot_task, write_atomic, write_table
 from benchmarks.tasks import TASKS, Length, compose_run, hybrid_steps, length_of
 from lightning_hybrid.callbacks import find_scheduler
 from lightning_hybrid.runner import build_run
@@ -234,7 +234,7 @@ def save_result(out: Path, result: dict[str, Any], name: str) -> None:
     """Write one configuration's result as ``<task>_<length>_<name>.json`` and its plot beside it."""
     result |= {"name": name, "machine": machine(), "summary": summarize(result)}
     stem = f"{result['task']}_{result['length']}_{name}"
-    (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
+    write_atomic(out / f"{stem}.json", json.dumps(result, indent=1))
     plot_task(result, out / f"{stem}.png")
 
 
