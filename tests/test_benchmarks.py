@@ -220,6 +220,6 @@ def test_sweep_trains_one_baseline_per_seed_for_all_its_settings(tmp_path, monke
     outer = next(r for r in results if "outer" in r["name"])
     assert outer["steps"] == 40 and outer["length"] == "40steps"
     for seed in outer["seeds"]:
-        assert seed["hybrid"]["steps"] == 40 and seed["hybrid"]["segments_started"] == 3  # jumps at 15, 25, 35
+        assert seed["hybrid"]["steps"] == 40 and seed["hybrid"]["segments_started"] == 2  # at 15, 25; 35 + 10 > 40
         assert seed["loss_ratio_equal_steps"] is not None
     assert "outer" in (out / "table.md").read_text()

@@ -9,6 +9,7 @@ uninterrupted run would.
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Any
 
@@ -67,6 +68,12 @@ def _refuse_sparse_gradients(module: pl.LightningModule) -> None:
             f"Hybrid training needs dense gradients, but {sparse} would get sparse ones (`sparse=True` on the "
             "embedding). Build the embedding with sparse=False, or train this model without the hybrid callbacks."
         )
+
+
+def _last_step(trainer: pl.Trainer) -> int | None:
+    """The global step at which ``fit`` will end, from ``max_steps`` or the epochs; ``None`` where it is open."""
+    total = trainer.estimated_stepping_batches
+    return int(total) if math.isfinite(total) else None
 
 
 class HybridScheduler(HybridComponent):
@@ -176,6 +183,7 @@ class HybridScheduler(HybridComponent):
             global_step=trainer.global_step,
             world_size=trainer.world_size,
             buffers=list(pl_module.buffers()),
+            last_step=_last_step(trainer),
         )
         self._hooks = [
             optimizer.register_step_pre_hook(self._before_optimizer_step),

@@ -68,6 +68,7 @@ class HybridEngine(Learning, SegmentCycle, TrajectoryCycle, EngineState):
         self.lr_ref: list[float] = []
         self.automatic = True
         self.global_step = 0
+        self.last_step: int | None = None  # where training will end, if known
         self.world_size = 1
         self._pending_snapshot: list[Tensor] | None = None  # from a checkpoint, until the store exists
         self.traj = TrajectoryState()  # a trajectory rule's run state
@@ -89,9 +90,11 @@ class HybridEngine(Learning, SegmentCycle, TrajectoryCycle, EngineState):
         global_step: int = 0,
         world_size: int = 1,
         buffers: Sequence[Tensor] = (),
+        last_step: int | None = None,
     ) -> None:
         """Training starts: take this optimizer's trainable parameters (and the module's ``buffers``, which a
-        rollback restores) and set the predictor up on them."""
+        rollback restores) and set the predictor up on them. ``last_step``: the global step at which training
+        will end, where known, so that no jump is made that the run cannot verify."""
         self.collectives = collectives
         self.step_guard = StepGuard(collectives, scaler)
         self._build_store(optimizer, buffers, restored=self._restored)
@@ -104,7 +107,7 @@ class HybridEngine(Learning, SegmentCycle, TrajectoryCycle, EngineState):
             self.lr_ref = lrs
         self.policy.start(lrs, gated=self.rule is None)
         self.automatic = automatic
-        self.global_step, self.world_size = global_step, world_size
+        self.global_step, self.world_size, self.last_step = global_step, world_size, last_step
         self.record.start_clock()
         self.step = StepRecord(phase=self.machine.phase)
 

@@ -151,7 +151,7 @@ class TrajectoryCycle:
                 self.accept_segment()
         traj.reference, traj.spread = mean, spread
         off = self.policy.prediction_off or not self.config.enable_prediction or not rule.moves
-        if off or (verify and not math.isfinite(traj.reference)):
+        if off or (verify and (not math.isfinite(traj.reference) or not self._verdict_in_time())):
             copy_(self.store.buffer, self.store.params)  # no jump: the next cycle starts from here
             return
         rule.jump(self.store.params, self.store.buffer)
@@ -159,6 +159,12 @@ class TrajectoryCycle:
         self.record.counters.segments_started += 1
         self.policy.segment_started()
         traj.pending = traj.first_check = verify
+
+    def _verdict_in_time(self) -> bool:
+        """Whether a jump made now would get its verdict (at the next cycle's end) before training ends. One that
+        would not is not made: the last validation and the weights ``fit`` hands back are then the same, verified
+        ones, instead of a jump that the end of ``fit`` would have to undo unjudged."""
+        return self.last_step is None or self.global_step + self.config.full_steps <= self.last_step
 
     def _reject_jump(self, reason: str) -> None:
         rule = self.rule
