@@ -14,6 +14,7 @@ Each configuration's result is written as the harness writes one (``<task>_<leng
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import shlex
@@ -112,6 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--task", required=True, choices=list(TASKS))
     parser.add_argument("--length", default="default", help="the task's named length (its validation batches)")
     parser.add_argument("--steps", type=int, default=None, help="steps per run instead of the named length's")
+    parser.add_argument("--val-every", type=int, default=None, help="validate every N steps instead of the length's")
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument(
         "--first-seed", type=int, default=0, help="extend earlier results in --out: keep their seeds below this one"
@@ -128,6 +130,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("give --grid or --setting")
     torch.set_num_threads(args.threads)
     spec = length_of(args.task, args.length, args.steps)
+    if args.val_every is not None:
+        spec = dataclasses.replace(spec, val_every=args.val_every, name=f"{spec.name}_val{args.val_every}")
     budget = spec.steps if args.budget == "equal" else hybrid_steps(spec)
     args.out.mkdir(parents=True, exist_ok=True)
     per_setting = [

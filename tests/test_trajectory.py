@@ -61,8 +61,9 @@ def small_net():
 
 def test_outer_jumps_match_a_reference_snoo_loop_over_several_cycles():
     """anchor, b and the weights after each jump: anchor <- anchor - eta (mu b + s), b <- mu b + s, theta <- anchor,
-    written out in plain torch, against the engine's in-place displacement form."""
-    warm, k, eta, mu, steps = 3, 5, 0.7, 0.5, 23  # four jumps
+    written out in plain torch, against the engine's in-place displacement form. A cycle's jump is made as the next
+    step starts."""
+    warm, k, eta, mu, steps = 3, 5, 0.7, 0.5, 24  # four jumps, the last one followed by one step
     model = small_net()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     config = HybridConfig(warmup_steps=warm, full_steps=k)
@@ -81,16 +82,16 @@ def test_outer_jumps_match_a_reference_snoo_loop_over_several_cycles():
     for step in range(1, steps + 1):
         if step == warm + 1:
             anchor, b = [p.detach().clone() for p in params], [torch.zeros_like(p) for p in params]
-        ref_opt.zero_grad()
-        batch(step)(ref).backward()
-        ref_opt.step()
-        if step > warm and (step - warm) % k == 0:
+        if step - 1 > warm and (step - 1 - warm) % k == 0:  # the last step ended a cycle
             with torch.no_grad():
                 for p, a, m in zip(params, anchor, b):
                     s = a - p
                     m.mul_(mu).add_(s)
                     a.sub_(eta * (mu * m + s))
                     p.copy_(a)
+        ref_opt.zero_grad()
+        batch(step)(ref).backward()
+        ref_opt.step()
     assert engine.record.counters.segments_started == 4
     for got, want in [(list(model.parameters()), params), (engine.store.buffer, anchor), (engine.rule._b, b)]:
         for x, y in zip(got, want):
@@ -244,15 +245,16 @@ def test_outer_jumps_every_cycle_in_a_lightning_run_and_keeps_every_backward_pas
 
 @pytest.mark.parametrize("max_steps", [35, 40, 41])
 def test_no_jump_is_made_that_fit_cannot_verify(max_steps):
-    """Cycles end at steps 11, 17, 23, ...; a jump's verdict comes one cycle later. A jump whose verdict would fall
-    after ``max_steps`` is not made, so the last validation and the weights ``fit`` hands back are the same; without
-    verification every cycle's end jumps, the last one included."""
+    """Cycles end at steps 11, 17, 23, ...; the jump a cycle's end decides on is made as the next step starts, and
+    its verdict comes one cycle later. A jump whose verdict would fall after ``max_steps`` is not made, so the last
+    validation and the weights ``fit`` hands back are the same; without verification every cycle's end but the
+    run's last one jumps."""
 
     class LastValidation(L.Callback):
         def on_validation_start(self, trainer, pl_module):
             self.seen = flat_params(pl_module)
 
-    steps = range(5 + 6, max_steps + 1, 6)  # the cycles' ends
+    ends = range(5 + 6, max_steps + 1, 6)  # the cycles' ends
     watch = LastValidation()
     trainer, _ = hybrid_trainer(
         max_steps,
@@ -265,13 +267,13 @@ def test_no_jump_is_made_that_fit_cannot_verify(max_steps):
     model = RegressionModel(scheduler=True)
     trainer.fit(model, loader(64, batch_size=16), loader(16, batch_size=16))
     summary = scheduler_of(trainer).summary()
-    assert summary["segments_started"] == sum(s + 6 <= max_steps for s in steps)
+    assert summary["segments_started"] == sum(end + 6 <= max_steps for end in ends)
     assert summary["rollback_reasons"]["end_of_fit"] == 0
     assert torch.equal(watch.seen, flat_params(model))
     _, unverified = fit_regression(
         hybrid_callbacks(predictor="outer", **{**RULE_PHASES, "verify_window": 0}), steps=max_steps
     )
-    assert scheduler_of(unverified).counters.segments_started == len(steps)
+    assert scheduler_of(unverified).counters.segments_started == sum(end < max_steps for end in ends)
 
 
 def test_average_takes_gradients_at_y_and_its_mixing_weight_matters():
@@ -330,8 +332,12 @@ def test_rules_run_under_manual_optimization(predictor):
         assert all(torch.equal(p, x) for p, x in zip(model.parameters(), engine.rule.average))
 
 
-def _checkpointed_run(root, predictor, ckpt_path=None):
-    every = ModelCheckpoint(dirpath=root / "ckpt", save_top_k=-1, every_n_train_steps=4, filename="{step}")
+def _checkpointed_run(root, predictor, ckpt_path=None, batch_size=16):
+    """40 steps of 64 samples an epoch, checkpointed at every epoch's end (4 steps at the default batch size), where
+    Lightning resumes exactly."""
+    every = ModelCheckpoint(
+        dirpath=root / "ckpt", save_top_k=-1, every_n_train_steps=64 // batch_size, filename="{step}"
+    )
     trainer, _ = hybrid_trainer(
         40,
         hybrid=hybrid_callbacks(predictor=predictor, **RULE_PHASES),
@@ -341,13 +347,27 @@ def _checkpointed_run(root, predictor, ckpt_path=None):
         default_root_dir=root,
     )
     model = RegressionModel(scheduler=True)
-    trainer.fit(model, loader(64, batch_size=16), ckpt_path=ckpt_path)  # 4 steps per epoch
+    trainer.fit(model, loader(64, batch_size=batch_size), ckpt_path=ckpt_path)
     return model, trainer
 
 
 def _engine_state(path):
     checkpoint = torch.load(path, weights_only=False)
     return checkpoint, next(v for k, v in checkpoint["callbacks"].items() if "HybridScheduler" in k)
+
+
+def test_resume_between_a_cycles_end_and_its_jump_is_bitwise_exact(tmp_path):
+    """A checkpoint at a cycle's end holds the jump still to make (as the next step starts) and the anchor before
+    it; resumed, the run makes the same jump. One step an epoch, so that every step's checkpoint resumes exactly."""
+    model, trainer = _checkpointed_run(tmp_path / "full", "outer", batch_size=64)
+    path = tmp_path / "full" / "ckpt" / "step=17.ckpt"  # the end of the second cycle after warmup (5 + 6 + 6)
+    assert _engine_state(path)[1]["trajectory"]["jump_due"]
+    resumed, resumed_trainer = _checkpointed_run(tmp_path / "resume", "outer", ckpt_path=path, batch_size=64)
+    assert torch.equal(flat_params(resumed), flat_params(model))
+    assert (
+        scheduler_of(resumed_trainer).summary()["segments_started"]
+        == scheduler_of(trainer).summary()["segments_started"]
+    )
 
 
 def test_resume_inside_an_outer_verification_window_is_bitwise_exact(tmp_path):

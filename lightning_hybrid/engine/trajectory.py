@@ -2,8 +2,9 @@
 outer-momentum jump is verified over a delayed window and undone. The part of :class:`~.engine.HybridEngine` used
 instead of Predict segments when the predictor is a rule.
 
-``outer``: the store's update buffer holds the anchor; every Full cycle ends with a jump, judged once right after
-it for divergence and then by the mean loss of the last ``verify_window`` steps of the next cycle. ``average``:
+``outer``: the store's update buffer holds the anchor; every Full cycle ends with a jump, made as the next step
+starts, judged once at that step for divergence and then by the mean loss of the last ``verify_window`` steps of
+the cycle it starts. ``average``:
 every ordinary step after warmup takes the optimizer's step on the optimizer's sequence and returns the weights to
 the gradient point; validation and the end of ``fit`` see the average, through the same buffer.
 """
@@ -28,6 +29,7 @@ class TrajectoryState:
     """A rule's run state, checkpointed with the engine (Python values only, so it resumes exactly)."""
 
     started: bool = False  # outer: the buffer holds an anchor; average: x has been set after warmup
+    jump_due: bool = False  # the cycle just ended with a jump to make as the next step starts
     pending: bool = False  # a jump awaits its delayed verdict
     first_check: bool = False  # the next ordinary step checks the jump for divergence
     reference: float = math.nan  # the verification window's mean loss in the cycle before the jump
@@ -39,6 +41,7 @@ class TrajectoryState:
     def to_dict(self, anchor: Any) -> dict[str, Any]:
         return {
             "started": self.started,
+            "jump_due": self.jump_due,
             "pending": self.pending,
             "first_check": self.first_check,
             "reference": self.reference,
@@ -49,6 +52,7 @@ class TrajectoryState:
 
     def load(self, state: dict[str, Any], window: int) -> None:
         self.started, self.pending = bool(state["started"]), bool(state["pending"])
+        self.jump_due = bool(state.get("jump_due", False))  # checkpoints from before lazy jumps hold none
         self.first_check = bool(state["first_check"])
         self.reference, self.spread = float(state["reference"]), float(state["spread"])
         self.window = deque((float(v) for v in state["window"]), maxlen=window)
@@ -80,7 +84,10 @@ class TrajectoryCycle:
 
     # -- per step ------------------------------------------------------------------------------------------------
     def _rule_begin_step(self, rule: TrajectoryRule) -> None:
-        """A Full step starts: take the first anchor, or start averaging at the current weights."""
+        """A step starts: make the jump the last cycle decided on; or, at the first Full step, take the first
+        anchor or start averaging at the current weights."""
+        if self.traj.jump_due:
+            self._jump(rule)
         if self.step.phase is not Phase.FULL or self.step.backed_off or self.traj.started:
             return
         if isinstance(rule, OuterMomentum):
@@ -132,8 +139,9 @@ class TrajectoryCycle:
 
     # -- the cycle's end -----------------------------------------------------------------------------------------
     def _rule_cycle_end(self, rule: TrajectoryRule) -> None:
-        """A Full cycle is complete. ``outer``: judge the pending jump, then jump again (or, after a rejected one,
-        run a cycle without, to measure the level afresh). ``average`` has no cycle."""
+        """A Full cycle is complete. ``outer``: judge the pending jump, then decide on the next one, made as the next
+        step starts (after a rejected one, a cycle runs without, to measure the level afresh). ``average`` has no
+        cycle."""
         if not isinstance(rule, OuterMomentum) or not self.traj.started:
             return
         traj, verify = self.traj, self.verify_window > 0
@@ -154,14 +162,25 @@ class TrajectoryCycle:
         if off or (verify and (not math.isfinite(traj.reference) or not self._verdict_in_time())):
             copy_(self.store.buffer, self.store.params)  # no jump: the next cycle starts from here
             return
-        rule.jump(self.store.params, self.store.buffer)
+        traj.jump_due = True
+
+    def _jump(self, rule: OuterMomentum) -> None:
+        """Make the jump decided at the last cycle's end. It waits for the next step to start, so that whatever runs
+        between steps (validation, checkpoints, the end of ``fit``) sees the weights the cycle trained, and a run
+        that ends at a cycle's end hands those back. Parameters frozen or unfrozen in between: no jump."""
+        traj, store = self.traj, self.store
+        traj.jump_due = False
+        if store.trainable_changed():
+            copy_(store.buffer, store.params)  # the cycle's end will track the new set
+            return
+        rule.jump(store.params, store.buffer)
         self.collectives.parameters_changed()
         self.record.counters.segments_started += 1
         self.policy.segment_started()
-        traj.pending = traj.first_check = verify
+        traj.pending = traj.first_check = self.verify_window > 0
 
     def _verdict_in_time(self) -> bool:
-        """Whether a jump made now would get its verdict (at the next cycle's end) before training ends. One that
+        """Whether a jump decided now would get its verdict (at the next cycle's end) before training ends. One that
         would not is not made: the last validation and the weights ``fit`` hands back are then the same, verified
         ones, instead of a jump that the end of ``fit`` would have to undo unjudged."""
         return self.last_step is None or self.global_step + self.config.full_steps <= self.last_step

@@ -63,7 +63,7 @@ class TrajectoryRule(ABC):
 
 class OuterMomentum(TrajectoryRule):
     """``outer``: the SNOO rule (one-worker DiLoCo). Every Full cycle of ``full_steps`` ordinary steps runs from an
-    anchor; at its end the weights jump to ``anchor - outer_lr * (outer_momentum * b + s)``, where
+    anchor; after it (as the engine starts the next step) the weights jump to ``anchor - outer_lr * (outer_momentum * b + s)``, where
     ``s = anchor - weights`` is the cycle's displacement and ``b <- outer_momentum * b + s``, and that point is the
     next anchor. No backward pass is added or skipped.
 
