@@ -87,8 +87,6 @@ GRIDS: dict[str, list[tuple[str, list[str]]]] = {
     "average_subset": [average(0.9934, 0.7), average(0.9967, 0.5)],
     # mu_x for 16 / 32 / 64 DiLoCo inner steps, mu_y in {0.5, 0.7}
     "average": [average(mu_x, mu_y) for mu_x, mu_y in itertools.product((0.9934, 0.9967, 0.9984), (0.5, 0.7))],
-    # under WSD, the outer_subset settings not yet run there (with the three earlier ones, six of its settings)
-    "wsd_rest": [outer(10, 0.7, 0.5), outer(50, 0.7, 0.5), outer(20, 0.5, 0.5)],
     # the three of those that a first session did not run after the gradient-point fix
     "average_rest": [average(0.9967, 0.7), average(0.9984, 0.5), average(0.9984, 0.7)],
 }
