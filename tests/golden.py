@@ -28,7 +28,28 @@ VOLATILE = ("wall_time_s", "time_by_phase_s")  # clock readings: not part of the
 
 
 def platform() -> dict[str, str]:
-    return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    return {
+        "torch": torch.__version__,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "kernels": kernel_fingerprint(),
+    }
+
+
+def kernel_fingerprint() -> str:
+    """The bits of a few kernels the runs use (a linear layer's forward and backward, tanh, a norm, an Adam step).
+    Two processors of the same capability can still pick different matmul kernels (oneDNN chooses by the exact
+    instruction set), and then every last bit differs while the behaviour is the same."""
+    g = torch.Generator().manual_seed(0)
+    layer = torch.nn.Linear(65, 17)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn(p.shape, generator=g))
+    x = torch.randn(33, 65, generator=g)
+    out = torch.tanh(layer(x))
+    out.square().sum().backward()
+    torch.optim.Adam(layer.parameters(), lr=1e-2).step()
+    parts = [out, layer.weight.grad, layer.weight, torch.linalg.vector_norm(out, dim=1)]
+    return digest(torch.cat([t.detach().flatten() for t in parts]))[:16]
 
 
 def digest(params: torch.Tensor) -> str:
