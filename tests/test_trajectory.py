@@ -276,6 +276,20 @@ def test_no_jump_is_made_that_fit_cannot_verify(max_steps):
     assert scheduler_of(unverified).counters.segments_started == sum(end < max_steps for end in ends)
 
 
+def test_no_jump_lands_on_a_parameter_frozen_between_the_cycles_end_and_the_jump():
+    class FreezeAtCycleEnd(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, idx):
+            if trainer.global_step == 17:  # a cycle's end: its jump is due as step 18 starts
+                self.param = next(pl_module.parameters())
+                self.param.requires_grad_(False)
+                self.frozen = self.param.detach().clone()
+
+    watch = FreezeAtCycleEnd()
+    _, trainer = fit_regression(hybrid_callbacks(predictor="outer", **RULE_PHASES), extra_callbacks=[watch])
+    assert torch.equal(watch.param, watch.frozen)
+    assert scheduler_of(trainer).counters.segments_started >= 2  # jumps went on after the set was tracked again
+
+
 def test_average_takes_gradients_at_y_and_its_mixing_weight_matters():
     """Lightning runs the closure (forward and backward) inside ``optimizer.step``: the weights must still be ``y``
     there, the point between the average and the optimizer's sequence, and only the update goes to ``z``."""

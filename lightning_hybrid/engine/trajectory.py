@@ -4,9 +4,9 @@ instead of Predict segments when the predictor is a rule.
 
 ``outer``: the store's update buffer holds the anchor; every Full cycle ends with a jump, made as the next step
 starts, judged once at that step for divergence and then by the mean loss of the last ``verify_window`` steps of
-the cycle it starts. ``average``:
-every ordinary step after warmup takes the optimizer's step on the optimizer's sequence and returns the weights to
-the gradient point; validation and the end of ``fit`` see the average, through the same buffer.
+the cycle it starts. ``average``: every ordinary step after warmup takes the optimizer's step on the optimizer's
+sequence and returns the weights to the gradient point; validation and the end of ``fit`` see the average, through
+the same buffer.
 """
 
 from __future__ import annotations

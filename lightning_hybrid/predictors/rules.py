@@ -63,9 +63,9 @@ class TrajectoryRule(ABC):
 
 class OuterMomentum(TrajectoryRule):
     """``outer``: the SNOO rule (one-worker DiLoCo). Every Full cycle of ``full_steps`` ordinary steps runs from an
-    anchor; after it (as the engine starts the next step) the weights jump to ``anchor - outer_lr * (outer_momentum * b + s)``, where
-    ``s = anchor - weights`` is the cycle's displacement and ``b <- outer_momentum * b + s``, and that point is the
-    next anchor. No backward pass is added or skipped.
+    anchor; after it (as the engine starts the next step) the weights jump to
+    ``anchor - outer_lr * (outer_momentum * b + s)``, where ``s = anchor - weights`` is the cycle's displacement and
+    ``b <- outer_momentum * b + s``, and that point is the next anchor. No backward pass is added or skipped.
 
     ``outer_lr=1, outer_momentum=0`` is plain training (bitwise); ``outer_momentum=0`` is Lookahead with step
     ``outer_lr``. Memory: the anchor lives in the engine's one update buffer; ``b`` adds one parameter copy when
