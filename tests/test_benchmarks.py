@@ -160,7 +160,7 @@ def test_gpt2_sized_task_has_gpt2_small_shape(tmp_path):
     assert 85e6 < sum(p.numel() for p in model.parameters()) < 86e6
 
 
-@pytest.mark.parametrize("folder", ["cpu", "cpu_1thread", "sweep", "jump_phase"])
+@pytest.mark.parametrize("folder", ["cpu", "cpu_1thread", "cpu_1thread_lazy_jump", "sweep", "jump_phase"])
 def test_the_performance_record_shows_the_table_the_harness_made_from_the_committed_results(folder, tmp_path):
     results = ROOT / "benchmarks" / "results" / folder
     for path in results.glob("*.json"):
