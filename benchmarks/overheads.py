@@ -148,13 +148,16 @@ def _callback(trainer: Any, name: str) -> Any:
 
 
 TRACKING = ["hybrid.confidence_threshold=1.0", "hybrid.backoff_after=0", "hybrid.predict_lr_fraction=1.0"]
+PER_STEP = "hybrid.capture_buffer=per_step"  # the update's buffer held only while in use (the default on CUDA)
 IDLE_MODES = {  # hybrid runs that never predict: tracking every update or one in 4, and backed off (the default's fate)
     "tracking": TRACKING,
+    "tracking_per_step": [*TRACKING, PER_STEP],
     "tracking_every_4": [*TRACKING, "hybrid.observe_every=4"],
     "backed_off": ["hybrid.enable_prediction=false"],
 }
 IDLE_LABELS = {  # mode -> (what the report calls it, the goal)
     "tracking": ("capturing every update", "1.03"),
+    "tracking_per_step": ("capturing every update into a per-step buffer (`capture_buffer=per_step`)", "1.03"),
     "tracking_every_4": ("capturing one update in 4 (`observe_every=4`)", "1.03"),
     "backed_off": ("prediction off (backed off)", "1.01"),
 }
@@ -182,7 +185,10 @@ def ordinary_overhead(size: str, steps: int, rounds: int, workdir: str) -> dict[
 
 MEMORY_RUNS = {  # label -> overrides (None: plain Lightning); the rules jump every 10 steps after 20
     "plain": None,
-    "linear": PREDICTING,
+    "linear_tracking": TRACKING,  # outside Predict: what the goal is about
+    "linear_tracking_per_step": [*TRACKING, PER_STEP],
+    "linear_predicting": PREDICTING,
+    "linear_predicting_per_step": [*PREDICTING, PER_STEP],
     "outer": ["predictor=outer", "hybrid.warmup_steps=20", "hybrid.full_steps=10"],
     "average": ["predictor=average", "hybrid.warmup_steps=20"],
 }

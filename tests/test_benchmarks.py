@@ -134,17 +134,20 @@ def test_quick_overheads_time_every_component(tmp_path):
     assert result["predict_step"]["with_check"] is not None and result["predict_step"]["without_check"] is not None
     assert {mode: len(r) for mode, r in result["ordinary_overhead"]["ratios"].items()} == {
         "tracking": 1,
+        "tracking_per_step": 1,
         "tracking_every_4": 1,
         "backed_off": 1,
     }
     memory = result["memory"]
     runs = memory["runs"]
-    assert runs["linear"]["predicted_steps"] > 0 and "predicted_steps" not in runs["plain"]
+    assert runs["linear_predicting"]["predicted_steps"] > 0 and "predicted_steps" not in runs["plain"]
+    assert runs["linear_tracking"]["predicted_steps"] == 0
     assert {run["param_bytes"] for run in runs.values()} == {4 * profile["params"]}
-    assert set(memory["in_parameter_copies"]) == {"linear", "outer", "average"}
+    labels = {f"linear_{m}{b}" for m in ("tracking", "predicting") for b in ("", "_per_step")} | {"outer", "average"}
+    assert set(memory["in_parameter_copies"]) == labels
     text = (tmp_path / "overheads.md").read_text()
     assert all(label in text for label in COMPONENTS)
-    assert all(f"Peak memory, `{label}` minus plain" in text for label in ("linear", "outer", "average"))
+    assert all(f"Peak memory, `{label}` minus plain" in text for label in labels)
 
 
 def test_gpt2_sized_task_has_gpt2_small_shape(tmp_path):

@@ -18,6 +18,7 @@ from lightning_hybrid import (
     Phase,
     ResidualCorrector,
     VRAMLogger,
+    hybrid_callbacks,
 )
 from lightning_hybrid.callbacks.memory import proc_status
 from lightning_hybrid.offload import OptimizerStateOffload
@@ -171,6 +172,62 @@ def test_predict_memory_frees_memory_during_predict_and_changes_nothing(memory):
     for i, s in state["state"].items():
         for key, value in s.items():
             assert torch.equal(value, ref_state["state"][i][key]), (i, key)
+
+
+# ----------------------------------------------------------------------------------------- capture_buffer
+
+
+class BufferProbe(L.Callback):
+    """After every step (after the scheduler's own hook): whether the store holds its parameter-sized buffer, and
+    whether a segment's snapshot is what it holds."""
+
+    def __init__(self) -> None:
+        self.held: list[tuple[bool, bool]] = []  # (buffer held, snapshot alive)
+        self.kept: set[bool] = set()  # the store's keep_buffer, as seen during fit
+
+    def on_train_batch_end(self, trainer, pl_module, *args) -> None:
+        store = scheduler_of(trainer).engine.store
+        self.held.append((bool(store.buffer), store.snapshot_alive))
+        self.kept.add(store.keep_buffer)
+
+
+def _capture_run(capture_buffer: str, optimizer: str, memory: str = "none"):
+    probe = BufferProbe()
+    settings = {"capture_buffer": capture_buffer, "predict_memory": memory}
+    trainer, _ = hybrid_trainer(60, settings=settings, extra_callbacks=[probe], logger=False)
+    model = RegressionModel(optimizer=optimizer)
+    trainer.fit(model, loader())
+    return model, scheduler_of(trainer), probe
+
+
+@pytest.mark.parametrize("optimizer, memory", [("adam", "none"), ("fused_adam", "none"), ("adam", "aggressive")])
+def test_a_per_step_capture_buffer_is_held_only_while_in_use_and_changes_nothing(optimizer, memory):
+    reference, ref_scheduler, kept = _capture_run("kept", optimizer, memory)
+    model, scheduler, per_step = _capture_run("per_step", optimizer, memory)
+    assert torch.equal(flat_params(model), flat_params(reference))  # bitwise: the same update, captured either way
+    untimed = {"time_by_phase_s": None}
+    assert scheduler.counters.to_dict() | untimed == ref_scheduler.counters.to_dict() | untimed
+    assert scheduler.counters.steps_by_phase["predict"] > 0
+    assert per_step.kept == {False} and kept.kept == {True}
+    # between steps the per-step buffer exists only as a segment's snapshot (on the host under "aggressive")
+    snapshot_on_device = memory != "aggressive"
+    assert all(held == (alive and snapshot_on_device) for held, alive in per_step.held)
+    assert any(alive for _, alive in per_step.held) and any(not alive for _, alive in per_step.held)
+    assert all(held or (alive and not snapshot_on_device) for held, alive in kept.held)
+
+
+def test_capture_buffer_auto_keeps_the_buffer_on_cpu_and_a_rule_always_keeps_it():
+    assert _capture_run("auto", "adam")[2].kept == {True}
+    probe = BufferProbe()
+    outer = hybrid_callbacks("outer", capture_buffer="per_step", warmup_steps=5, full_steps=10)
+    trainer, _ = hybrid_trainer(30, hybrid=outer, extra_callbacks=[probe], logger=False)
+    trainer.fit(RegressionModel(), loader())
+    assert probe.kept == {True} and all(held for held, _ in probe.held)  # the anchor of outer's cycles lives in it
+
+
+def test_capture_buffer_rejects_an_unknown_mode():
+    with pytest.raises(ValueError, match=r"capture_buffer.*'auto', 'kept', 'per_step'"):
+        HybridConfig(capture_buffer="never")
 
 
 # ---------------------------------------------------------------------------------------- predict_precision

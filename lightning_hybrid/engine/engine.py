@@ -115,7 +115,11 @@ class HybridEngine(Learning, SegmentCycle, TrajectoryCycle, EngineState):
         """Track the parameters the optimizer trains now, and set the predictor (and bandit), or the trajectory
         rule, up on them."""
         collectives, parts = self.collectives, self.parts
-        self.store = ParameterStore(optimizer, collectives.local_tensor, self.config.predict_memory, buffers)
+        mode = self.config.capture_buffer
+        if mode == "auto":
+            mode = "per_step" if collectives.root_device.type == "cuda" else "kept"
+        keep = self.rule is not None or mode == "kept"  # a trajectory rule's anchor lives in the buffer
+        self.store = ParameterStore(optimizer, collectives.local_tensor, self.config.predict_memory, buffers, keep)
         if self.rule is not None:
             self._setup_rule(self.rule, restored)
             return
@@ -198,11 +202,13 @@ class HybridEngine(Learning, SegmentCycle, TrajectoryCycle, EngineState):
             if len(self.deferred) >= self.config.full_steps:  # once per cycle: the outlier limit stays recent
                 self.read_deferred()
             self._advance()
+            self.store.release_capture()
             return math.nan
         if self.rule is not None:
             self._rule_step_ended()
         predicted_loss = self._learn_from(step, global_step, lrs, seconds)
-        self._advance()
+        self._advance()  # a segment starting here takes its snapshot in the capture's buffer
+        self.store.release_capture()
         return predicted_loss
 
     def read_deferred(self) -> None:

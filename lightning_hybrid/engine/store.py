@@ -1,6 +1,7 @@
 """The parameter store: this rank's trainable tensors by optimizer group, the one parameter-sized buffer that holds
-either the last ordinary update or a segment's rollback snapshot, and what ``predict_memory`` moves off the device
-while a segment runs. Every operation is one fused ``torch._foreach_*`` call over the tensor lists."""
+either the last ordinary update or a segment's rollback snapshot (kept for the run, or held only while in use),
+and what ``predict_memory`` moves off the device while a segment runs. Every operation is one fused
+``torch._foreach_*`` call over the tensor lists, but the capture's first pass (see :meth:`before_update`)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ class ParameterStore:
         predict_memory: ``"none"``, ``"offload"`` or ``"aggressive"`` (see :class:`~lightning_hybrid.HybridConfig`).
         buffers: the module's buffers (BatchNorm's running statistics and counters, any registered buffer): held with
             the snapshot, restored on rollback, and put back after every forward pass at predicted weights.
+        keep_buffer: hold the parameter-sized buffer for the run; ``False`` allocates it when a capture or a
+            snapshot needs it and frees it after (:meth:`release_capture`, :meth:`release_snapshot`).
     """
 
     def __init__(
@@ -40,6 +43,7 @@ class ParameterStore:
         local: Callable[[Tensor], Tensor],
         predict_memory: str = "none",
         buffers: Sequence[Tensor] = (),
+        keep_buffer: bool = True,
     ) -> None:
         groups = [[p for p in group["params"] if p.requires_grad] for group in optimizer.param_groups]
         self.signature = trainable_signature(optimizer)
@@ -48,6 +52,7 @@ class ParameterStore:
             raise ValueError("The optimizer holds no trainable parameters; hybrid training needs at least one.")
         self.optimizer = optimizer
         self.predict_memory = predict_memory
+        self.keep_buffer = keep_buffer
         self.owners = [p for i in self.group_index for p in groups[i]]  # the parameters, holding `.grad`
         self.groups = [[local(p) for p in groups[i]] for i in self.group_index]  # under FSDP, this rank's shards
         self.params = [p for group in self.groups for p in group]
@@ -57,7 +62,8 @@ class ParameterStore:
         self.host_snapshot: list[Tensor] = []  # predict_memory="aggressive": the rollback snapshot, on the host
         self.buffer: list[Tensor] = []
         self.buffer_groups: list[list[Tensor]] = []
-        self._allocate_buffer()
+        if keep_buffer:
+            self._allocate_buffer()
         self.module_buffers = [local(b) for b in buffers]
         self.module_buffers_at_start = [torch.empty_like(b) for b in self.module_buffers]  # a segment's start
 
@@ -73,20 +79,38 @@ class ParameterStore:
         groups = self.optimizer.param_groups
         return [float(groups[i]["lr"]) for i in self.group_index]
 
-    def _allocate_buffer(self) -> None:
-        self.buffer = [torch.empty_like(p) for p in self.params]
+    def _allocate_buffer(self, tensors: list[Tensor] | None = None) -> None:
+        self.buffer = tensors if tensors is not None else [torch.empty_like(p) for p in self.params]
         sizes = [len(group) for group in self.groups]
         starts = [sum(sizes[:i]) for i in range(len(sizes))]
         self.buffer_groups = [self.buffer[s : s + n] for s, n in zip(starts, sizes)]
 
+    def _ensure_buffer(self) -> None:
+        if not self.buffer:
+            self._allocate_buffer()
+
+    def _free_buffer(self) -> None:
+        if not self.keep_buffer:
+            self.buffer, self.buffer_groups = [], []
+
     # -- capture: the buffer holds an ordinary step's update, new - old ------------------------------------------
     def before_update(self) -> None:
-        copy_(self.buffer, self.params)
+        """Hold ``-old``, so that one addition after the update leaves ``new - old`` (no negation pass)."""
+        with torch.no_grad():
+            if self.buffer:  # foreach ops have no `out=`: one pass per tensor, each writing the held buffer
+                for held, p in zip(self.buffer, self.params):
+                    torch.neg(p, out=held)
+            else:
+                self._allocate_buffer(list(torch._foreach_neg(self.params)))
 
     def after_update(self) -> None:
         with torch.no_grad():
-            torch._foreach_sub_(self.buffer, self.params)
-            torch._foreach_neg_(self.buffer)
+            torch._foreach_add_(self.buffer, self.params)
+
+    def release_capture(self) -> None:
+        """The captured update has been read: free its buffer, unless kept or holding a snapshot."""
+        if not self.snapshot_alive:
+            self._free_buffer()
 
     # -- prediction ----------------------------------------------------------------------------------------------
     def add(self, directions: Sequence[Sequence[Tensor]], alphas: list[float]) -> None:
@@ -106,6 +130,7 @@ class ParameterStore:
             self.snapshot_on_host = True
             self.buffer, self.buffer_groups = [], []
         else:
+            self._ensure_buffer()
             copy_(self.buffer, self.params)
         self._hold_module_buffers()
         if self.offload is not None:
@@ -141,7 +166,9 @@ class ParameterStore:
         self.snapshot_alive = False
         if self.snapshot_on_host:
             self.snapshot_on_host = False
-            self._allocate_buffer()
+            if self.keep_buffer:
+                self._allocate_buffer()
+        self._free_buffer()
 
     def snapshot(self) -> list[Tensor] | None:
         """A host copy of the held snapshot, for a checkpoint; ``None`` when none is held."""
@@ -159,6 +186,7 @@ class ParameterStore:
 
     def load_buffer(self, tensors: list[Tensor]) -> None:
         """Fill the buffer from host copies (a checkpoint's snapshot, or an outer-momentum anchor)."""
+        self._ensure_buffer()
         copy_(self.buffer, [t.to(b.device) for t, b in zip(tensors, self.buffer)])
 
     def close(self) -> None:
