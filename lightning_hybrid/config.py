@@ -53,7 +53,8 @@ class HybridConfig:
             parameter copy (the predictor's average update), at the cost of allocating the buffer on every captured
             step. ``"auto"``: ``per_step`` on CUDA, whose caching allocator makes that allocation free, ``kept``
             elsewhere (on CPU fresh allocations fault their pages in: 43 ms a step at 25M parameters here).
-            Trajectory rules (``outer``, ``average``) always keep it: it holds their anchor.
+            ``outer`` always keeps it (its anchor); ``average`` holds the trained weights in it while validation
+            sees the average.
         predict_precision: ``"32"`` runs Predict forward checks in the Trainer's precision; ``"bf16"`` runs them
             under bf16 autocast whatever the Trainer's precision. Updates are applied in the parameters' dtype.
     """

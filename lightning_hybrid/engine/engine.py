@@ -34,6 +34,7 @@ from lightning_hybrid.engine.trajectory import TrajectoryCycle, TrajectoryState
 from lightning_hybrid.outputs import loss_of, mark_predicted
 from lightning_hybrid.phase import Phase
 from lightning_hybrid.predictors import Plan
+from lightning_hybrid.predictors.rules import OuterMomentum
 
 
 def _read(values: Tensor | list | None, flat: Iterator[float]) -> list | None:
@@ -118,7 +119,7 @@ class HybridEngine(Learning, SegmentCycle, TrajectoryCycle, EngineState):
         mode = self.config.capture_buffer
         if mode == "auto":
             mode = "per_step" if collectives.root_device.type == "cuda" else "kept"
-        keep = self.rule is not None or mode == "kept"  # a trajectory rule's anchor lives in the buffer
+        keep = isinstance(self.rule, OuterMomentum) or mode == "kept"  # outer's anchor lives in the buffer
         self.store = ParameterStore(optimizer, collectives.local_tensor, self.config.predict_memory, buffers, keep)
         if self.rule is not None:
             self._setup_rule(self.rule, restored)
@@ -202,13 +203,13 @@ class HybridEngine(Learning, SegmentCycle, TrajectoryCycle, EngineState):
             if len(self.deferred) >= self.config.full_steps:  # once per cycle: the outlier limit stays recent
                 self.read_deferred()
             self._advance()
-            self.store.release_capture()
+            self.store.release_buffer()
             return math.nan
         if self.rule is not None:
             self._rule_step_ended()
         predicted_loss = self._learn_from(step, global_step, lrs, seconds)
         self._advance()  # a segment starting here takes its snapshot in the capture's buffer
-        self.store.release_capture()
+        self.store.release_buffer()
         return predicted_loss
 
     def read_deferred(self) -> None:

@@ -34,7 +34,7 @@ class ParameterStore:
         buffers: the module's buffers (BatchNorm's running statistics and counters, any registered buffer): held with
             the snapshot, restored on rollback, and put back after every forward pass at predicted weights.
         keep_buffer: hold the parameter-sized buffer for the run; ``False`` allocates it when a capture or a
-            snapshot needs it and frees it after (:meth:`release_capture`, :meth:`release_snapshot`).
+            snapshot needs it and frees it after (:meth:`release_buffer`, :meth:`release_snapshot`).
     """
 
     def __init__(
@@ -107,8 +107,13 @@ class ParameterStore:
         with torch.no_grad():
             torch._foreach_add_(self.buffer, self.params)
 
-    def release_capture(self) -> None:
-        """The captured update has been read: free its buffer, unless kept or holding a snapshot."""
+    def hold_params(self) -> None:
+        """Copy the weights into the buffer (allocated if not held), to put them back later."""
+        self._ensure_buffer()
+        copy_(self.buffer, self.params)
+
+    def release_buffer(self) -> None:
+        """What the buffer held has been used: free it, unless kept or holding a snapshot."""
         if not self.snapshot_alive:
             self._free_buffer()
 

@@ -202,7 +202,7 @@ class TrajectoryCycle:
     def show_average(self) -> None:
         """Validation during ``fit``: the weights are the average; the trained ones wait in the buffer."""
         if isinstance(self.rule, PrimalAverage) and self.traj.started and not self.traj.showing_average:
-            copy_(self.store.buffer, self.store.params)
+            self.store.hold_params()
             copy_(self.store.params, self.rule.average)
             self.traj.showing_average = True
             self.collectives.parameters_changed()
@@ -210,6 +210,7 @@ class TrajectoryCycle:
     def hide_average(self) -> None:
         if self.traj.showing_average:
             copy_(self.store.params, self.store.buffer)
+            self.store.release_buffer()
             self.traj.showing_average = False
             self.collectives.parameters_changed()
 
