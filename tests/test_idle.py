@@ -64,6 +64,18 @@ def test_logging_steps_read_what_they_log(monkeypatch):
     assert set(reads.by_step) == {10, 20, 30, 40}
 
 
+@pytest.mark.parametrize("every", [1, 7])
+def test_hybrid_scalars_follow_the_trainers_logging_cadence(every):
+    trainer, logger = hybrid_trainer(40, {}, log_every_n_steps=every)
+    trainer.fit(FaultyModel(optimizer="fused_adam"), loader())
+    hybrid_keys = {key for _, metrics in logger.rows for key in metrics if key.startswith("hybrid/")}
+    assert {"hybrid/phase", "hybrid/loss", "hybrid/backward_skipped_pct"} <= hybrid_keys
+    logging_steps = set(range(every, 41, every))  # as the module's own `self.log` calls
+    assert set(logger.series("hybrid/phase")) == logging_steps
+    for key in hybrid_keys:  # some scalars only where they have a value (a prediction error needs a prediction)
+        assert set(logger.series(key)) <= logging_steps, key
+
+
 def test_without_a_device_skip_every_step_is_read(monkeypatch):
     """Adam without ``fused=True`` cannot be told on the device to skip: each step is read before its update."""
     reads = HostReads(monkeypatch)
