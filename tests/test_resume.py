@@ -37,24 +37,24 @@ LEARNED = {
 }
 
 
-def _callbacks(kind: str, memory: str = "none"):
+def _callbacks(kind: str, memory: str = "none", capture: str = "auto"):
     if kind == "linear":
         return hybrid_callbacks(predictor="linear", **SETTINGS, bandit=False)
     if kind == "exploding":
         predictor = DynamicsPredictor(SometimesExploding())
-        scheduler = HybridScheduler(**SETTINGS, predict_memory=memory)
+        scheduler = HybridScheduler(**SETTINGS, predict_memory=memory, capture_buffer=capture)
         return [scheduler, predictor, ResidualCorrector(), DivergenceMonitor()]
     # learned predictors with the bandit, whose step-count costs make its decisions deterministic
     return hybrid_callbacks(predictor=kind, cost="steps", alpha=2.0, **SETTINGS, **LEARNED[kind])
 
 
-def _run(root, ckpt_path=None, checkpoint_every_epoch=False, kind="linear", memory="none"):
+def _run(root, ckpt_path=None, checkpoint_every_epoch=False, kind="linear", memory="none", capture="auto"):
     extra = []
     if checkpoint_every_epoch:
         extra.append(ModelCheckpoint(dirpath=root / "ckpt", save_top_k=-1, every_n_train_steps=2, filename="{step}"))
     trainer, _ = hybrid_trainer(
         STEPS,
-        hybrid=_callbacks(kind, memory),
+        hybrid=_callbacks(kind, memory, capture),
         extra_callbacks=extra,
         logger=False,
         enable_checkpointing=checkpoint_every_epoch,
@@ -94,9 +94,12 @@ def test_resume_from_every_phase_is_bitwise_exact(tmp_path):
             assert summary[key] == reference_summary[key], key
 
 
-@pytest.mark.parametrize("memory", ["none", "aggressive"])  # snapshot in the device buffer / in host memory
-def test_resume_mid_predict_then_roll_back_restores_the_checkpointed_snapshot(tmp_path, memory):
-    model, trainer = _run(tmp_path / "full", checkpoint_every_epoch=True, kind="exploding", memory=memory)
+# the snapshot in the kept buffer, in host memory, in a buffer held only for the segment
+@pytest.mark.parametrize("memory, capture", [("none", "auto"), ("aggressive", "auto"), ("none", "per_step")])
+def test_resume_mid_predict_then_roll_back_restores_the_checkpointed_snapshot(tmp_path, memory, capture):
+    model, trainer = _run(
+        tmp_path / "full", checkpoint_every_epoch=True, kind="exploding", memory=memory, capture=capture
+    )
     reference = flat_params(model)
     assert scheduler_of(trainer).counters.rollbacks >= 2
     ckpts = sorted((tmp_path / "full" / "ckpt").glob("*.ckpt"), key=lambda p: int(p.stem.split("=")[1]))
@@ -111,7 +114,9 @@ def test_resume_mid_predict_then_roll_back_restores_the_checkpointed_snapshot(tm
     ]
     assert followed_by_rollback
     for path in followed_by_rollback:
-        resumed, _ = _run(tmp_path / f"resume_{path.stem}", ckpt_path=path, kind="exploding", memory=memory)
+        resumed, _ = _run(
+            tmp_path / f"resume_{path.stem}", ckpt_path=path, kind="exploding", memory=memory, capture=capture
+        )
         assert torch.equal(flat_params(resumed), reference), path.name
 
 
