@@ -138,6 +138,10 @@ def test_quick_overheads_time_every_component(tmp_path):
         "tracking_every_4": 1,
         "backed_off": 1,
     }
+    overhead = result["ordinary_overhead"]
+    assert set(overhead["steady_ratios"]) == set(overhead["ratios"])
+    for label, fits in overhead["seconds"].items():  # one steady step is a part of its fit
+        assert all(0 < step < fit for step, fit in zip(overhead["steady_step_seconds"][label], fits, strict=True))
     memory = result["memory"]
     runs = memory["runs"]
     assert runs["linear_predicting"]["predicted_steps"] > 0 and "predicted_steps" not in runs["plain"]

@@ -216,8 +216,8 @@ def test_a_per_step_capture_buffer_is_held_only_while_in_use_and_changes_nothing
     assert all(held or (alive and not snapshot_on_device) for held, alive in kept.held)
 
 
-def test_capture_buffer_auto_keeps_the_buffer_on_cpu_and_a_rule_always_keeps_it():
-    assert _capture_run("auto", "adam")[2].kept == {True}
+def test_the_default_capture_buffer_is_per_step_and_outer_always_keeps_it():
+    assert _capture_run(HybridConfig().capture_buffer, "adam")[2].kept == {False}
     probe = BufferProbe()
     outer = hybrid_callbacks("outer", capture_buffer="per_step", warmup_steps=5, full_steps=10)
     trainer, _ = hybrid_trainer(30, hybrid=outer, extra_callbacks=[probe], logger=False)
@@ -242,7 +242,7 @@ def test_average_holds_the_trained_weights_only_while_validation_sees_the_averag
 
 
 def test_capture_buffer_rejects_an_unknown_mode():
-    with pytest.raises(ValueError, match=r"capture_buffer.*'auto', 'kept', 'per_step'"):
+    with pytest.raises(ValueError, match=r"capture_buffer.*'kept', 'per_step'"):
         HybridConfig(capture_buffer="never")
 
 

@@ -37,7 +37,7 @@ LEARNED = {
 }
 
 
-def _callbacks(kind: str, memory: str = "none", capture: str = "auto"):
+def _callbacks(kind: str, memory: str = "none", capture: str = "per_step"):
     if kind == "linear":
         return hybrid_callbacks(predictor="linear", **SETTINGS, bandit=False)
     if kind == "exploding":
@@ -48,7 +48,7 @@ def _callbacks(kind: str, memory: str = "none", capture: str = "auto"):
     return hybrid_callbacks(predictor=kind, cost="steps", alpha=2.0, **SETTINGS, **LEARNED[kind])
 
 
-def _run(root, ckpt_path=None, checkpoint_every_epoch=False, kind="linear", memory="none", capture="auto"):
+def _run(root, ckpt_path=None, checkpoint_every_epoch=False, kind="linear", memory="none", capture="per_step"):
     extra = []
     if checkpoint_every_epoch:
         extra.append(ModelCheckpoint(dirpath=root / "ckpt", save_top_k=-1, every_n_train_steps=2, filename="{step}"))
@@ -95,7 +95,7 @@ def test_resume_from_every_phase_is_bitwise_exact(tmp_path):
 
 
 # the snapshot in the kept buffer, in host memory, in a buffer held only for the segment
-@pytest.mark.parametrize("memory, capture", [("none", "auto"), ("aggressive", "auto"), ("none", "per_step")])
+@pytest.mark.parametrize("memory, capture", [("none", "kept"), ("aggressive", "per_step"), ("none", "per_step")])
 def test_resume_mid_predict_then_roll_back_restores_the_checkpointed_snapshot(tmp_path, memory, capture):
     model, trainer = _run(
         tmp_path / "full", checkpoint_every_epoch=True, kind="exploding", memory=memory, capture=capture

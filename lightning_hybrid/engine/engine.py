@@ -116,10 +116,7 @@ class HybridEngine(Learning, SegmentCycle, TrajectoryCycle, EngineState):
         """Track the parameters the optimizer trains now, and set the predictor (and bandit), or the trajectory
         rule, up on them."""
         collectives, parts = self.collectives, self.parts
-        mode = self.config.capture_buffer
-        if mode == "auto":
-            mode = "per_step" if collectives.root_device.type == "cuda" else "kept"
-        keep = isinstance(self.rule, OuterMomentum) or mode == "kept"  # outer's anchor lives in the buffer
+        keep = isinstance(self.rule, OuterMomentum) or self.config.capture_buffer == "kept"  # outer's anchor
         self.store = ParameterStore(optimizer, collectives.local_tensor, self.config.predict_memory, buffers, keep)
         if self.rule is not None:
             self._setup_rule(self.rule, restored)
