@@ -100,17 +100,18 @@ def test_outer_jumps_match_a_reference_snoo_loop_over_several_cycles():
 
 
 @pytest.mark.parametrize(
-    ("rule", "window", "copies"),
+    ("rule", "window", "capture", "copies"),
     [
-        (OuterMomentum(0.7, 0.5), 5, 3),  # the anchor (in the update buffer), b, the last jump
-        (OuterMomentum(0.7, 0.5), 0, 2),  # unchecked jumps: no copy of the last one
-        (OuterMomentum(0.7, 0.0), 0, 1),  # Lookahead: the anchor alone
-        (PrimalAverage(), 5, 2),  # x, and the update buffer that holds y while validation sees x
+        (OuterMomentum(0.7, 0.5), 5, "per_step", 3),  # the anchor (in the update buffer), b, the last jump
+        (OuterMomentum(0.7, 0.5), 0, "per_step", 2),  # unchecked jumps: no copy of the last one
+        (OuterMomentum(0.7, 0.0), 0, "per_step", 1),  # Lookahead: the anchor alone
+        (PrimalAverage(), 5, "per_step", 1),  # x; the buffer holds y only while validation sees x
+        (PrimalAverage(), 5, "kept", 2),  # x, and the buffer kept for the run
     ],
 )
-def test_parameter_copies_each_rule_holds(rule, window, copies):
+def test_parameter_copies_each_rule_holds(rule, window, capture, copies):
     model = small_net()
-    config = HybridConfig(warmup_steps=2, full_steps=5)
+    config = HybridConfig(warmup_steps=2, full_steps=5, capture_buffer=capture)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     engine, _ = engine_loop(
         model, optimizer, rule, 12, regression_batches(), config, DivergenceMonitor(verify_window=window)
