@@ -175,15 +175,17 @@ SETTLE = 4  # steps of each run left out of its steady-step time
 
 
 class StepClock(L.Callback):
-    """The clock (CPU time on CPU, wall time on a GPU, synchronised) at the end of every training batch."""
+    """The run meter's training clock (CPU time on CPU, wall time on a GPU, synchronised) at the end of every
+    training batch."""
 
-    def __init__(self, cuda: bool) -> None:
-        self.cuda, self.marks = cuda, []
+    def __init__(self, meter: Any, cuda: bool) -> None:
+        self.meter, self.cuda, self.marks = meter, cuda, []
 
     def on_train_batch_end(self, *args: Any) -> None:
         if self.cuda:
             torch.cuda.synchronize()
-        self.marks.append(time.perf_counter() if self.cuda else time.process_time())
+        wall, cpu = self.meter.elapsed()
+        self.marks.append(wall if self.cuda else cpu)
 
     def steady_step(self) -> float:
         return statistics.median(b - a for a, b in zip(self.marks[SETTLE:], self.marks[SETTLE + 1 :]))
@@ -198,7 +200,7 @@ def ordinary_overhead(size: str, steps: int, rounds: int, workdir: str) -> dict[
             cfg = _config(size, steps, workdir, IDLE_MODES.get(label, []))
             trainer, model, data, meter = build_run(cfg, hybrid=label != "plain")
             cuda = trainer.strategy.root_device.type == "cuda"
-            clock = StepClock(cuda)
+            clock = StepClock(meter, cuda)
             trainer.callbacks.append(clock)
             trainer.fit(model, data)
             times[label].append(meter.train_seconds if cuda else meter.train_cpu_seconds)

@@ -200,13 +200,11 @@ class HybridEngine(Learning, SegmentCycle, TrajectoryCycle, EngineState):
             if len(self.deferred) >= self.config.full_steps:  # once per cycle: the outlier limit stays recent
                 self.read_deferred()
             self._advance()
-            self.store.release_buffer()
             return math.nan
         if self.rule is not None:
             self._rule_step_ended()
         predicted_loss = self._learn_from(step, global_step, lrs, seconds)
-        self._advance()  # a segment starting here takes its snapshot in the capture's buffer
-        self.store.release_buffer()
+        self._advance()
         return predicted_loss
 
     def read_deferred(self) -> None:
@@ -246,6 +244,7 @@ class HybridEngine(Learning, SegmentCycle, TrajectoryCycle, EngineState):
             self.store.restore_optimizer_state()
         elif due is Due.CORRECTION_END and self.parts.bandit is not None:
             self.parts.bandit.finish()
+        self.store.release_buffer()  # the step's update has been read; a segment that started holds its snapshot
 
     # -- StepHandler: what the strategy routes through the engine --------------------------------------------------
     def predicted_training_step(self, run: Callable[[], Any]) -> Any:
