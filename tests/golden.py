@@ -1,15 +1,26 @@
 """Golden runs: short fits that together cover every phase, a rollback, back-off, the learning-rate gate, offload,
-the bandit, manual optimization, resume and DDP/FSDP, reduced to a hash of the final parameters and the run summary.
+the bandit, manual optimization, resume (from checkpoints of earlier layouts too), DDP/FSDP and the trajectory
+rules, each reduced to its behaviour (phases, rollback steps, the run summary, the per-step and validation losses)
+and a hash of its final parameters.
 
-A refactor of the engine must leave every one of them bitwise equal. ``python -m tests.golden`` records them into
-``tests/golden_run.json``; ``tests/test_golden.py`` replays them and compares. Floating-point kernels differ
-between CPU instruction sets and torch builds, so the record names both and is compared only where they match.
+A refactor of the engine must leave every one of them unchanged. Floating-point kernels differ between CPU
+instruction sets and torch builds, so the comparison has three levels:
+
+- everywhere: phases, counters, decisions and rollback reasons exactly; losses and other floats within
+  ``REL_TOL`` relative (kernels that differ move the last bits, not the run);
+- on a platform whose parameter hashes are recorded: the final parameters bitwise too;
+- on the platform that recorded the floats: every float bitwise.
+
+``python -m tests.golden`` records all runs on this machine (only on a commit whose behaviour is known to be
+right); ``python -m tests.golden --add-platform`` checks this machine against the record and adds its parameter
+hashes; ``python -m tests.golden NAME ...`` re-records only the runs named.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import sys
 import tempfile
 from collections.abc import Callable
@@ -19,12 +30,19 @@ from typing import Any
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from lightning_hybrid import hybrid_callbacks
 from tests.helpers import RegressionModel, flat_params, hybrid_trainer, loader, phases, scheduler_of
 from tests.test_resume import _callbacks
 
 RECORD = Path(__file__).with_name("golden_run.json")
-V1_CHECKPOINT = Path(__file__).with_name("data") / "state_v1_mid_segment.ckpt"  # step 14, inside a segment
+DATA = Path(__file__).with_name("data")
+V1_CHECKPOINT = DATA / "state_v1_mid_segment.ckpt"  # step 14, inside a segment (the scheduler before the engine)
 VOLATILE = ("wall_time_s", "time_by_phase_s")  # clock readings: not part of the behaviour
+REL_TOL = 1e-4  # floats on another platform: observed differences are below 3e-6 relative
+OUTER = dict(predictor="outer", warmup_steps=4, full_steps=6, verify_window=3)  # a jump every 6 steps after 4
+OUTER_REJECTING = dict(OUTER, outer_lr=1.5, outer_momentum=0.6)  # jumps rejected at once and after a delay
+AVERAGE = dict(predictor="average", warmup_steps=4, full_steps=6, average_x=0.9, average_y=0.7)
+QUIET_LOGS = {"log_every_n_steps": 7}  # quiet steps are read at logging steps: most checkpoints hold unread ones
 
 
 def platform() -> dict[str, str]:
@@ -33,6 +51,11 @@ def platform() -> dict[str, str]:
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "kernels": kernel_fingerprint(),
     }
+
+
+def platform_key() -> str:
+    p = platform()
+    return f"{p['torch']}/{p['cpu_capability']}/{p['kernels']}"
 
 
 def kernel_fingerprint() -> str:
@@ -56,54 +79,82 @@ def digest(params: torch.Tensor) -> str:
     return hashlib.sha256(params.detach().cpu().numpy().tobytes()).hexdigest()
 
 
-def outcome(params: torch.Tensor, summary: dict[str, Any], phase_sequence: list[int] | None = None) -> dict[str, Any]:
+def outcome(params: torch.Tensor, summary: dict[str, Any], logger: Any = None, phase_list: list[int] | None = None):
+    """A run's behaviour and its parameters' hash. ``logger``: the run's :class:`MemoryLogger`, whose phases,
+    rollback steps and losses join the behaviour."""
     kept = {k: v for k, v in summary.items() if k not in VOLATILE}
-    out = {"params_sha256": digest(params), "summary": json.loads(json.dumps(kept))}
-    if phase_sequence is not None:
-        out["phases"] = "".join(str(p) for p in phase_sequence)
-    return out
+    behaviour: dict[str, Any] = {"summary": json.loads(json.dumps(kept)), "params_norm": float(params.norm())}
+    if logger is not None:
+        phase_list = [int(p) for p in phases(logger).values()]
+        rollbacks = logger.series("hybrid/rollbacks")
+        behaviour["rollback_steps"] = [s for s, v in rollbacks.items() if v > rollbacks.get(s - 1, 0.0)]
+        behaviour["losses"] = list(logger.series("hybrid/loss").values())
+        behaviour["val_losses"] = list(logger.series("val_loss").values())
+    if phase_list is not None:
+        behaviour["phases"] = "".join(str(p) for p in phase_list)
+    return {"behaviour": behaviour, "params_sha256": digest(params)}
 
 
 def _fit(steps: int, model: RegressionModel, settings: dict[str, Any] | None = None, **kwargs: Any) -> dict:
     trainer, logger = hybrid_trainer(steps, settings, **kwargs)
     trainer.fit(model, loader())
-    return outcome(flat_params(model), scheduler_of(trainer).summary(), list(phases(logger).values()))
+    return outcome(flat_params(model), scheduler_of(trainer).summary(), logger)
 
 
 def _fit_callbacks(kind: str, memory: str = "none", steps: int = 40) -> dict:
     trainer, logger = hybrid_trainer(steps, hybrid=_callbacks(kind, memory))
     model = RegressionModel(scheduler=True)
     trainer.fit(model, loader(64, batch_size=32))
-    return outcome(flat_params(model), scheduler_of(trainer).summary(), list(phases(logger).values()))
+    return outcome(flat_params(model), scheduler_of(trainer).summary(), logger)
 
 
-def _resume_v1(root: Path) -> dict:
-    """Resume from a checkpoint written mid-segment by the scheduler before it was split into the engine's parts
-    (state version 1): it must continue exactly as the uninterrupted run did (``rollback_offload``)."""
-    trainer, _ = hybrid_trainer(40, hybrid=_callbacks("exploding", "offload"), logger=False, default_root_dir=root)
-    model = RegressionModel(scheduler=True)
-    trainer.fit(model, loader(64, batch_size=32), ckpt_path=V1_CHECKPOINT)
-    return outcome(flat_params(model), scheduler_of(trainer).summary())
+def _rule(settings: dict[str, Any], steps: int = 80, lr: float = 3e-2) -> dict:
+    trainer, logger = hybrid_trainer(
+        steps, hybrid=hybrid_callbacks(**settings), val_check_interval=10, check_val_every_n_epoch=None
+    )
+    model = RegressionModel(lr=lr)
+    trainer.fit(model, loader(), loader(64, seed=2))
+    return outcome(flat_params(model), scheduler_of(trainer).summary(), logger)
 
 
-def _resume(root: Path) -> dict:
-    def run(ckpt_path: Path | None = None) -> tuple[RegressionModel, Any]:
-        checkpoint = ModelCheckpoint(dirpath=root / "ckpt", save_top_k=-1, every_n_train_steps=2, filename="{step}")
-        trainer, _ = hybrid_trainer(
-            40,
-            hybrid=_callbacks("exploding", "offload"),
-            extra_callbacks=[checkpoint] if ckpt_path is None else [],
-            enable_checkpointing=ckpt_path is None,
-            logger=False,
-            default_root_dir=root,
-        )
-        model = RegressionModel(scheduler=True)
-        trainer.fit(model, loader(64, batch_size=32), ckpt_path=ckpt_path)
-        return model, trainer
+def checkpointed_run(
+    root: Path, hybrid: list, ckpt_path: Path | None = None, model: dict | None = None, trainer: dict | None = None
+) -> dict:
+    """A 40-step run of 2 batches per epoch that checkpoints every epoch end (or resumes from ``ckpt_path``)."""
+    checkpoint = ModelCheckpoint(dirpath=root / "ckpt", save_top_k=-1, every_n_train_steps=2, filename="{step}")
+    fit, logger = hybrid_trainer(
+        40,
+        hybrid=hybrid,
+        extra_callbacks=[checkpoint] if ckpt_path is None else [],
+        enable_checkpointing=ckpt_path is None,
+        default_root_dir=root,
+        **(trainer or {}),
+    )
+    module = RegressionModel(**{"scheduler": True, **(model or {})})
+    fit.fit(module, loader(64, batch_size=32), ckpt_path=ckpt_path)
+    return outcome(flat_params(module), scheduler_of(fit).summary(), logger)
 
-    run()
-    model, trainer = run(root / "ckpt" / "step=14.ckpt")  # inside the second segment
-    return outcome(flat_params(model), scheduler_of(trainer).summary())
+
+# Checkpoints written by earlier layouts of the hybrid state (tests/data/README.md), each with the run that resumes
+# it: (the hybrid callbacks, the model's and the Trainer's arguments). Every layout a landed commit wrote must
+# resume. `v1`: the scheduler before the engine; `v1_engine`: the engine assembled from mixins.
+FIXTURES: dict[str, tuple[Callable[[], list], dict[str, Any], dict[str, Any]]] = {
+    "state_v1_mid_segment.ckpt": (lambda: _callbacks("exploding", "offload"), {}, {}),
+    "state_v1_engine_outer_jump_due.ckpt": (lambda: hybrid_callbacks(**OUTER_REJECTING), {"lr": 3e-2}, {}),
+    "state_v1_engine_outer_pending.ckpt": (lambda: hybrid_callbacks(**OUTER_REJECTING), {"lr": 3e-2}, {}),
+    "state_v1_engine_average.ckpt": (lambda: hybrid_callbacks(**AVERAGE), {}, {}),
+    "state_v1_engine_deferred.ckpt": (lambda: _callbacks("linear"), {"optimizer": "fused_adam"}, QUIET_LOGS),
+}
+
+
+def _resume_fixture(root: Path, name: str) -> dict:
+    hybrid, model, trainer = FIXTURES[name]
+    return checkpointed_run(root, hybrid(), DATA / name, model, trainer)
+
+
+def _resume(root: Path, hybrid: Callable[[], list], step: int, **model: Any) -> dict:
+    checkpointed_run(root, hybrid(), model=model)
+    return checkpointed_run(root, hybrid(), root / "ckpt" / f"step={step}.ckpt", model=model)
 
 
 def _ranks(root: Path, kind: str, strategy: str) -> dict:
@@ -111,10 +162,11 @@ def _ranks(root: Path, kind: str, strategy: str) -> dict:
 
     rank0, rank1 = run_ranks(root, kind, strategy=strategy)
     assert torch.equal(rank0["params"], rank1["params"])
-    return outcome(rank0["params"], rank0["summary"], rank0["phases"])
+    return outcome(rank0["params"], rank0["summary"], phase_list=rank0["phases"])
 
 
 def scenarios(root: Path) -> dict[str, Callable[[], dict]]:
+    fixtures = {f"resume_{name.removesuffix('.ckpt')}": name for name in FIXTURES}
     return {
         "every_phase": lambda: _fit(60, RegressionModel()),
         "param_groups_sgd": lambda: _fit(60, RegressionModel(optimizer="sgd", param_groups=True, lr=0.05)),
@@ -123,15 +175,25 @@ def scenarios(root: Path) -> dict[str, Callable[[], dict]]:
         "backoff": lambda: _fit(80, RegressionModel(), {"confidence_threshold": 1.0, "backoff_after": 1}),
         "lr_gate": lambda: _fit(80, RegressionModel(scheduler=True), {"predict_lr_fraction": 0.8}),
         "accumulate_grad_batches": lambda: _fit(30, RegressionModel(), accumulate_grad_batches=2),
+        "quiet_fused_adam": lambda: _fit(60, RegressionModel(optimizer="fused_adam")),
         "rollback": lambda: _fit_callbacks("exploding"),
         "rollback_offload": lambda: _fit_callbacks("exploding", "offload"),
         "rollback_aggressive": lambda: _fit_callbacks("exploding", "aggressive"),
         "bandit_rssm": lambda: _fit_callbacks("rssm"),
         "bandit_mlp": lambda: _fit_callbacks("mlp"),
-        "resume_mid_segment": lambda: _resume(root / "resume"),
-        "resume_v1_checkpoint": lambda: _resume_v1(root / "resume_v1"),
+        "outer_accepting": lambda: _rule(OUTER, lr=1e-2),
+        "outer_rejecting": lambda: _rule(OUTER_REJECTING),
+        "outer_unverified": lambda: _rule(dict(OUTER, verify_window=0)),
+        "average": lambda: _rule(AVERAGE),
+        "resume_mid_segment": lambda: _resume(root / "resume", lambda: _callbacks("exploding", "offload"), 14),
+        "resume_outer_pending": lambda: _resume(
+            root / "outer", lambda: hybrid_callbacks(**OUTER_REJECTING), 30, lr=3e-2
+        ),
+        "resume_average": lambda: _resume(root / "average", lambda: hybrid_callbacks(**AVERAGE), 20),
+        **{key: (lambda name=name: _resume_fixture(root / name, name)) for key, name in fixtures.items()},
         "ddp_accepting": lambda: _ranks(root / "ddp", "linear", "ddp"),
         "ddp_rolling_back": lambda: _ranks(root / "ddp_rb", "exploding", "ddp"),
+        "ddp_outer": lambda: _ranks(root / "ddp_outer", "outer", "ddp"),
         "fsdp_accepting": lambda: _ranks(root / "fsdp", "linear", "fsdp"),
     }
 
@@ -143,7 +205,53 @@ def run_all(names: list[str] | None = None) -> dict[str, dict]:
         return {name: table[name]() for name in (names or table)}
 
 
+def differences(want: Any, got: Any, exact_floats: bool, path: str = "") -> list[str]:
+    """Where ``got`` departs from ``want``: any non-float value, or a float beyond ``REL_TOL`` (bitwise with
+    ``exact_floats``). A float equal to an int (a counter summed as a float) compares as a number."""
+    if isinstance(want, dict) and isinstance(got, dict):
+        out = [f"{path}/{k}: only in the record" for k in want.keys() - got.keys()]
+        out += [f"{path}/{k}: not in the record" for k in got.keys() - want.keys()]
+        for k in sorted(want.keys() & got.keys()):
+            out += differences(want[k], got[k], exact_floats, f"{path}/{k}")
+        return out
+    if isinstance(want, list) and isinstance(got, list):
+        if len(want) != len(got):
+            return [f"{path}: {len(got)} values, recorded {len(want)}"]
+        return [d for i, (w, g) in enumerate(zip(want, got)) for d in differences(w, g, exact_floats, f"{path}[{i}]")]
+    if isinstance(want, float) and isinstance(got, float) and not exact_floats:
+        same = math.isclose(want, got, rel_tol=REL_TOL, abs_tol=1e-9) or (math.isnan(want) and math.isnan(got))
+        return [] if same else [f"{path}: {got!r}, recorded {want!r} (tolerance {REL_TOL} relative)"]
+    return [] if want == got or (want != want and got != got) else [f"{path}: {got!r}, recorded {want!r}"]
+
+
+def _add_platform(record: dict) -> None:
+    key = platform_key()
+    results = run_all()
+    wrong = {
+        n: d for n, r in results.items() if (d := differences(record["runs"][n]["behaviour"], r["behaviour"], False))
+    }
+    if wrong:
+        sys.exit(f"not added: this machine's behaviour differs from the record: {wrong}")
+    for name, result in results.items():
+        record["runs"][name]["params_sha256"][key] = result["params_sha256"]
+    record["platforms"][key] = platform()
+
+
 if __name__ == "__main__":
-    results = run_all(sys.argv[1:] or None)
-    RECORD.write_text(json.dumps({"platform": platform(), "runs": results}, indent=1, sort_keys=True) + "\n")
-    print(f"recorded {len(results)} golden runs into {RECORD.name}")
+    args = sys.argv[1:]
+    record = json.loads(RECORD.read_text()) if RECORD.exists() else {"platforms": {}, "runs": {}}
+    if args == ["--add-platform"]:
+        _add_platform(record)
+    else:
+        key, results = platform_key(), run_all(args or None)
+        if args and record.get("recorded_on") != key:
+            sys.exit(f"the record's floats come from {record.get('recorded_on')}: re-record all runs on this one")
+        if not args:
+            record = {"platforms": {}, "runs": {}}
+        record["recorded_on"], record["platforms"][key] = key, platform()
+        for name, result in results.items():
+            record["runs"][name] = {"behaviour": result["behaviour"], "params_sha256": {key: result["params_sha256"]}}
+    RECORD.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    print(
+        f"{len(record['runs'])} golden runs in {RECORD.name}, parameter hashes for {len(record['platforms'])} platforms"
+    )
