@@ -75,7 +75,7 @@ def fit(cfg: Any, hybrid: bool, stop: Any = None) -> Record:
     if scheduler is not None:
         counters = scheduler.counters
         record.backward_skipped_pct = round(counters.backward_skipped_pct, 3)
-        record.rollbacks, record.segments_started = counters.rollbacks, counters.segments_started
+        record.rollbacks, record.segments_started = counters.rollbacks, counters.predictions_made  # or jumps
     return record
 
 

@@ -93,7 +93,7 @@ def _fit(cfg: DictConfig, label: str, run: Run) -> RunResult:
         backward_passes=meter.backward_passes,
         steps=trainer.global_step,
         backward_skipped_pct=scheduler.counters.backward_skipped_pct if scheduler else 0.0,
-        segments=scheduler.counters.segments_started if scheduler else 0,
+        segments=scheduler.counters.predictions_made if scheduler else 0,
         rollbacks=scheduler.counters.rollbacks if scheduler else 0,
     )
 

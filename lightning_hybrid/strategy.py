@@ -94,26 +94,18 @@ class HybridStrategyMixin:
 
     @override
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
-        if self._hybrid is not None and self._hybrid.predicting:
-            return self._hybrid.predicted_training_step(partial(super().training_step, *args, **kwargs))
-        return super().training_step(*args, **kwargs)
+        run = partial(super().training_step, *args, **kwargs)
+        return run() if self._hybrid is None else self._hybrid.training_step(run)
 
     @override
     def backward(self, closure_loss: Tensor, optimizer: Optimizer | None, *args: Any, **kwargs: Any) -> Tensor:
-        if self._hybrid is None:
-            return super().backward(closure_loss, optimizer, *args, **kwargs)
-        self._hybrid.record_loss(closure_loss)
-        if self._hybrid.predicting:
-            return closure_loss  # no backward on predicted steps
-        return super().backward(closure_loss, optimizer, *args, **kwargs)
+        run = partial(super().backward, closure_loss, optimizer, *args, **kwargs)
+        return run() if self._hybrid is None else self._hybrid.backward(closure_loss, run)
 
     @override
     def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any], model: Any = None, **kwargs: Any) -> Any:
-        if self._hybrid is None:
-            return super().optimizer_step(optimizer, closure, model, **kwargs)
-        if self._hybrid.predicting:
-            return self._hybrid.predict_step(closure)
-        return super().optimizer_step(optimizer, self._hybrid.guard(optimizer, closure), model, **kwargs)
+        run = partial(super().optimizer_step, optimizer, model=model, **kwargs)
+        return run(closure) if self._hybrid is None else self._hybrid.optimizer_step(optimizer, closure, run)
 
 
 class HybridPredictStrategy(HybridStrategyMixin, SingleDeviceStrategy):

@@ -22,8 +22,11 @@ class RunCounters:
     backward_skipped: int = 0
     rollbacks: int = 0
     predicted_steps_rolled_back: int = 0
-    segments_started: int = 0
+    segments_started: int = 0  # Predict segments (per-step prediction)
     segments_accepted: int = 0
+    jumps_made: int = 0  # outer's jumps along the trajectory
+    jumps_kept: int = 0
+    jumps_rejected: int = 0  # counted in `rollbacks` too
     invalid_plans: int = 0
     end_of_fit_rollbacks: int = 0  # segments still unverified when training ended
     nonfinite_steps_skipped: int = 0
@@ -33,6 +36,11 @@ class RunCounters:
     @property
     def steps_total(self) -> int:
         return sum(self.steps_by_phase.values())
+
+    @property
+    def predictions_made(self) -> int:
+        """Segments started and jumps made: the predictions a run made, whatever its family."""
+        return self.segments_started + self.jumps_made
 
     @property
     def backward_skipped_pct(self) -> float:
@@ -58,12 +66,12 @@ def format_summary(summary: dict[str, Any]) -> str:
     """A few human-readable lines for the end of ``fit``."""
     steps = summary["steps_by_phase"]
     times = summary["time_by_phase_s"]
-    segments = "jumps" if "trajectory_rule" in summary else "predict segments"  # outer's are jumps
     lines = [
         f"hybrid: {summary['steps_total']} steps "
         + ", ".join(f"{k} {v}" for k, v in steps.items())
         + f" | backward skipped {summary['backward_skipped_pct']:.1f}%",
-        f"hybrid: {summary['rollbacks']} rollbacks of {summary['segments_started']} {segments}"
+        f"hybrid: {summary['rollbacks']} rollbacks of {summary['segments_started']} predict segments and "
+        f"{summary['jumps_made']} jumps"
         f" | {summary['nonfinite_steps_skipped']} non-finite and {summary['outlier_steps_skipped']} exploding-gradient"
         f" steps skipped | {summary['backed_off_steps']} steps backed off",
         f"hybrid: wall {summary['wall_time_s']:.1f}s | " + ", ".join(f"{k} {v:.1f}s" for k, v in times.items()),

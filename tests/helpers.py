@@ -13,7 +13,10 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_hybrid import HybridPredictStrategy, HybridScheduler, Phase, hybrid_callbacks
+from lightning_hybrid import HybridConfig, HybridPredictStrategy, HybridScheduler, Phase, hybrid_callbacks
+from lightning_hybrid.algorithms import DivergenceCheck, ResidualCorrection
+from lightning_hybrid.encoder import StateEncoder
+from lightning_hybrid.engine import Components, HybridEngine, LocalCollectives
 from lightning_hybrid.predictors import LinearPredictor, Plan
 
 
@@ -214,3 +217,32 @@ def hybrid_trainer(
 
 def phases(logger: MemoryLogger) -> dict[int, Phase]:
     return {step: Phase(int(v)) for step, v in logger.series("hybrid/phase").items()}
+
+
+def bare_engine(config: HybridConfig, predictor: Any, optimizer: torch.optim.Optimizer, monitor: Any = None):
+    """An engine bound to ``optimizer`` without a Trainer, with the optimizer hooks the scheduler registers."""
+    engine = HybridEngine(config)
+    engine.connect(Components(predictor, StateEncoder(), ResidualCorrection(), monitor or DivergenceCheck()))
+    engine.bind(optimizer, LocalCollectives())
+    optimizer.register_step_pre_hook(lambda *_: engine.before_optimizer_step())
+    optimizer.register_step_post_hook(lambda *_: engine.after_optimizer_step())
+    return engine
+
+
+def bare_step(engine: HybridEngine, optimizer: torch.optim.Optimizer, loss_fn: Any, step: int) -> torch.Tensor:
+    """One step of a plain torch loop, routed through the engine as a hybrid strategy routes Lightning's: the
+    closure's backward through ``engine.backward``, the update through ``engine.optimizer_step``. Returns the
+    closure's loss (computed without a backward pass on a predicted step)."""
+    engine.begin_step()
+    losses = []
+
+    def closure() -> torch.Tensor:
+        loss = loss_fn()
+        losses.append(loss.detach())
+        engine.backward(loss, loss.backward)
+        return loss
+
+    optimizer.zero_grad()
+    engine.optimizer_step(optimizer, closure, optimizer.step)
+    engine.end_step(step)
+    return losses[0]

@@ -3,20 +3,21 @@
 import lightning as L
 import torch
 
-from lightning_hybrid import HorizonBandit, HybridPredictStrategy, hybrid_callbacks
+from lightning_hybrid import HybridPredictStrategy, hybrid_callbacks
+from lightning_hybrid.algorithms import LinUCBHorizons
 from lightning_hybrid.predictors import LinearPredictor
 from tests.helpers import RegressionModel, flat_params, loader
 
 
 def test_arms_are_capped_and_include_zero_and_the_maximum():
-    bandit = HorizonBandit(arms=(2, 4, 8, 16))
+    bandit = LinUCBHorizons(arms=(2, 4, 8, 16))
     bandit.setup_arms(10, 4)
     assert bandit.arms == [0, 2, 4, 8, 10]
 
 
 def test_regret_falls_on_a_synthetic_contextual_bandit():
     g = torch.Generator().manual_seed(0)
-    bandit = HorizonBandit(arms=(0, 1, 2, 3), alpha=0.5, exploration_plays=10**9)  # plain LinUCB
+    bandit = LinUCBHorizons(arms=(0, 1, 2, 3), alpha=0.5, exploration_plays=10**9)  # plain LinUCB
     bandit.setup_arms(3, 5)
     theta = torch.randn(4, 5, generator=g)
     regrets = []
@@ -32,7 +33,7 @@ def test_regret_falls_on_a_synthetic_contextual_bandit():
 
 
 def test_reward_compares_progress_with_ordinary_steps():
-    bandit = HorizonBandit(cost="steps", predict_cost=0.25)
+    bandit = LinUCBHorizons(cost="steps", predict_cost=0.25)
     bandit.setup_arms(8, 3)
     for loss in (2.02, 2.01, 2.0, 1.99, 1.98):  # ordinary steps cost 1; their mean loss is 2.0
         bandit.record_step(predicted=False, seconds=0.0, loss=loss, correcting=False)

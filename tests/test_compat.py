@@ -112,8 +112,8 @@ def test_a_missing_component_is_built_with_its_defaults_and_checkpointed():
     trainer = _plain_trainer(max_steps=30, strategy=HybridPredictStrategy(), callbacks=callbacks)
     trainer.fit(RegressionModel(), loader())
     monitors = [cb for cb in trainer.callbacks if isinstance(cb, DivergenceMonitor)]
-    assert len(monitors) == 1 and monitors[0].z_threshold == DivergenceMonitor().z_threshold
-    assert monitors[0].loss_stats.count > 0  # it watched the run
+    assert len(monitors) == 1 and monitors[0].divergence.z_threshold == DivergenceMonitor().divergence.z_threshold
+    assert monitors[0].divergence.loss_stats.count > 0  # it watched the run
     assert any("DivergenceMonitor" in key for key in trainer._checkpoint_connector.dump_checkpoint()["callbacks"])
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from lightning_hybrid import DivergenceMonitor, DynamicsPredictor, HybridScheduler, ResidualCorrector
+from lightning_hybrid.algorithms import ResidualCorrection
 from lightning_hybrid.predictors import LinearPredictor, Plan, UpdateStats
 from tests.helpers import FAST_PHASES, RegressionModel, hybrid_trainer, loader
 
@@ -22,7 +23,7 @@ def _stats(predicted_scale: float, actual_scale: float = 1.0) -> UpdateStats:
 
 
 def test_a_systematic_overshoot_is_corrected():
-    corrector = ResidualCorrector(max_correction_factor=4.0)
+    corrector = ResidualCorrection(max_correction_factor=4.0)
     features = torch.zeros(8)
     for step in range(10):
         corrector.observe(step, _stats(predicted_scale=3.0), features)
@@ -33,7 +34,7 @@ def test_a_systematic_overshoot_is_corrected():
 
 
 def test_similar_states_weigh_more_and_old_residuals_fade():
-    corrector = ResidualCorrector(max_correction_factor=4.0, neighbours=2, bandwidth=0.5, time_decay=0.9)
+    corrector = ResidualCorrection(max_correction_factor=4.0, neighbours=2, bandwidth=0.5, time_decay=0.9)
     here, there = torch.zeros(8), torch.full((8,), 3.0)
     corrector.observe(0, _stats(2.0), here)  # in this state the predictor overshoots by 2
     corrector.observe(0, _stats(0.5), there)  # elsewhere it undershoots
@@ -44,7 +45,7 @@ def test_similar_states_weigh_more_and_old_residuals_fade():
 
 
 def test_corrections_are_clipped_and_empty_store_changes_nothing():
-    corrector = ResidualCorrector(max_correction_factor=2.0)
+    corrector = ResidualCorrection(max_correction_factor=2.0)
     plan = Plan(scales=[[1.0, 1.0]], loss=[1.0, 0.9], loss_upper=[1.5, 1.4], confidence=0.5)
     assert corrector.correct(plan, torch.zeros(4), 0) == (plan, [1.0, 1.0])
     corrector.observe(0, UpdateStats([1.0, 1.0], [1.0, 1.0], [100.0, -1.0], 1.0, 1.0), torch.zeros(4))
@@ -54,7 +55,7 @@ def test_corrections_are_clipped_and_empty_store_changes_nothing():
 
 
 def test_reanchor_moves_the_rest_of_the_trajectory_and_only_tightens_the_bound():
-    corrector = ResidualCorrector(correction_interval=2)
+    corrector = ResidualCorrection(correction_interval=2)
     plan = Plan(scales=[[1.0]] * 4, loss=[1.0, 0.9, 0.8, 0.7, 0.6], loss_upper=[2.0] * 5, confidence=1.0)
     assert corrector.reanchor(plan, 1, 5.0) is plan  # not a correction step
     up = corrector.reanchor(plan, 2, 1.0)  # measured 0.2 above the plan

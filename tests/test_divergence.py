@@ -7,6 +7,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from lightning_hybrid import DivergenceMonitor, HorizonBandit, Phase, hybrid_callbacks
+from lightning_hybrid.algorithms import DivergenceCheck
 from lightning_hybrid.callbacks import DynamicsPredictor, HybridScheduler, ResidualCorrector
 from lightning_hybrid.config import HybridConfig
 from lightning_hybrid.predictors import LinearPredictor, Plan
@@ -68,7 +69,7 @@ def test_exploding_prediction_is_rolled_back_bitwise():
     assert scheduler.counters.segments_accepted >= 1  # the unscaled segments still run
     for segment, weights in watch.after_rollback:
         assert torch.equal(weights, watch.starts[segment]), f"segment {segment} not restored exactly"
-    assert scheduler.monitor.events["bound"] + scheduler.monitor.events["nonfinite"] >= 2
+    assert scheduler.monitor.divergence.events["bound"] + scheduler.monitor.divergence.events["nonfinite"] >= 2
     assert torch.isfinite(flat_params(model)).all()
     seq = phases(logger)
     for step, phase in seq.items():  # a rollback returns to Full, never to Correct
@@ -165,13 +166,13 @@ def test_nan_during_a_predict_forward_check_rolls_back():
     trainer, _logger, scheduler = _trainer(LinearPredictor(), extra=[watch])
     model = NanAt(steps={first})  # global_step during that step is `first`, i.e. logged step first + 1
     trainer.fit(model, loader())
-    assert scheduler.monitor.events["nonfinite"] == 1
+    assert scheduler.monitor.divergence.events["nonfinite"] == 1
     assert scheduler.counters.rollbacks == 1
     assert torch.equal(watch.after_rollback[0][1], watch.starts[0])
 
 
 def test_monitor_signals():
-    monitor = DivergenceMonitor(z_threshold=3.0, oscillation_window=3, oscillation_sigmas=1.0, stats_decay=0.9)
+    monitor = DivergenceCheck(z_threshold=3.0, oscillation_window=3, oscillation_sigmas=1.0, stats_decay=0.9)
     for i in range(50):
         monitor.observe(1.0 + 0.1 * (-1) ** i, grad_norm=1.0)
     std = monitor.loss_stats.std
@@ -193,11 +194,11 @@ def test_monitor_signals():
 
 
 def test_monitor_state_round_trips():
-    monitor = DivergenceMonitor()
+    monitor = DivergenceCheck()
     for i in range(10):
         monitor.observe(float(i), 1.0)
     monitor.check(math.nan, 1.0)
-    clone = DivergenceMonitor()
+    clone = DivergenceCheck()
     clone.load_state_dict(monitor.state_dict())
     assert clone.state_dict() == monitor.state_dict()
 

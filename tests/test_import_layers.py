@@ -1,6 +1,7 @@
 """The package's import graph points only down its layers and has no circle, counting every import: module level,
 inside functions and under ``TYPE_CHECKING``. A training step starts at the strategy, which knows only the engine's
-small interface; the callbacks know the strategy and the engine; nothing below knows the callbacks."""
+small interface; the callbacks know the strategy and the engine; nothing below knows the callbacks. The algorithm
+(``engine/``, ``predictors/``, ``algorithms/``) is plain torch: it imports no Lightning at all."""
 
 import ast
 from pathlib import Path
@@ -22,6 +23,7 @@ LAYERS = [
             "offload",
             "encoder",
             "predictors",
+            "algorithms",
             "tensorboard",
             "outputs",
         ),
@@ -33,13 +35,16 @@ LAYERS = [
 ]
 
 
+PLAIN_TORCH = ("engine", "predictors", "algorithms")  # packages that must not import Lightning
+
+
 def module_name(path: Path) -> str:
     parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports_of(path: Path) -> set[str]:
-    """Every ``lightning_hybrid`` module ``path`` imports, wherever the import statement stands."""
+def imports_of(path: Path, prefix: str = "lightning_hybrid") -> set[str]:
+    """Every module whose name starts with ``prefix`` that ``path`` imports, wherever the import statement stands."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -47,7 +52,7 @@ def imports_of(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module)
             found |= {f"{node.module}.{alias.name}" for alias in node.names}
-    return {name for name in found if name.startswith("lightning_hybrid")}
+    return {name for name in found if name == prefix or name.startswith(f"{prefix}.")}
 
 
 def graph() -> dict[str, set[str]]:
@@ -104,3 +109,22 @@ def test_no_import_circle():
 )
 def test_the_cycle_finder_finds_cycles(edges, expected):
     assert find_cycle(edges) == expected
+
+
+@pytest.mark.parametrize("package", PLAIN_TORCH)
+def test_the_algorithm_imports_no_lightning(package):
+    files = sorted((PACKAGE / package).rglob("*.py"))
+    assert files
+    found = {f"{p.relative_to(PACKAGE)}: {sorted(i)}" for p in files if (i := imports_of(p, "lightning"))}
+    assert not found, found
+
+
+def test_the_lightning_check_sees_an_import_of_lightning(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    from lightning.pytorch.utilities import rank_zero_info\n")
+    assert imports_of(module, "lightning") == {
+        "lightning.pytorch.utilities",
+        "lightning.pytorch.utilities.rank_zero_info",
+    }
+    module.write_text("import lightning_hybrid.engine\n")
+    assert imports_of(module, "lightning") == set()

@@ -182,6 +182,66 @@ def test_a_rollback_restores_batchnorm_buffers_bitwise_and_checks_leave_no_trace
     assert all(torch.isfinite(b.float()).all() for b in model.buffers())
 
 
+class NanOnSecondCheck(L.LightningModule):
+    """A BatchNorm CNN whose ``training_step`` returns a NaN loss on the second ``no_grad`` forward of every Predict
+    segment (automatic optimization), or on its second predicted step (manual, where every predicted step runs
+    the forward)."""
+
+    def __init__(self, automatic: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(
+            nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(32, 1)
+        )
+        self.automatic_optimization = automatic
+        self.checks = 0
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = nn.functional.mse_loss(self.net(x.view(-1, 1, 2, 4)), y)  # the 8 features as a 2x4 image
+        self.checks = 0 if torch.is_grad_enabled() else self.checks + 1
+        if self.checks == 2:
+            loss = loss * math.nan
+        if not self.automatic_optimization:
+            opt = self.optimizers()
+            opt.zero_grad()
+            self.manual_backward(loss)
+            opt.step()
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=1e-2)
+
+
+class SegmentStart(L.Callback):
+    """The weights and every buffer at each segment's start, and whether both are back there after each rollback."""
+
+    def __init__(self):
+        self.start, self.rollbacks, self.restored = None, 0, []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, idx):
+        scheduler = scheduler_of(trainer)
+        if scheduler.phase.name == "PREDICT" and scheduler.engine.machine.segment_pos == 0:
+            self.start = [t.detach().clone() for t in [*pl_module.parameters(), *pl_module.buffers()]]
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, idx):
+        rollbacks = scheduler_of(trainer).counters.rollbacks
+        if rollbacks > self.rollbacks:
+            self.rollbacks = rollbacks
+            now = [*pl_module.parameters(), *pl_module.buffers()]
+            self.restored.append([torch.equal(a, b) for a, b in zip(self.start, now)])
+
+
+@pytest.mark.parametrize("automatic", [True, False], ids=["automatic", "manual"])
+def test_a_nan_loss_in_a_predicted_forward_rolls_batchnorm_back_bitwise(automatic):
+    """Weights, running statistics and ``num_batches_tracked`` after the rollback all equal the segment's start."""
+    watch = SegmentStart()
+    trainer, _ = hybrid_trainer(60, extra_callbacks=[watch], logger=False)
+    trainer.fit(NanOnSecondCheck(automatic), loader())
+    assert len(watch.restored) >= 2 and all(all(row) for row in watch.restored), watch.restored
+    assert scheduler_of(trainer).summary()["rollback_reasons"]["nonfinite"] == len(watch.restored)
+
+
 class DictOutputs(RegressionModel):
     def training_step(self, batch, batch_idx):
         x, y = batch
@@ -301,7 +361,7 @@ def test_checkpoints_and_validation_inside_a_segment_are_marked(tmp_path):
     for path in tmp_path.glob("step=*.ckpt"):
         ckpt = torch.load(path, weights_only=False)
         state = next(v for k, v in ckpt["callbacks"].items() if "HybridScheduler" in k)
-        marked[path.name] = (ckpt["hybrid_unverified_segment"], state["snapshot"] is not None)
+        marked[path.name] = (ckpt["hybrid_unverified_segment"], state["family"]["snapshot"] is not None)
     assert any(flag for flag, _ in marked.values()) and not all(flag for flag, _ in marked.values())
     assert all(holds_snapshot for flag, holds_snapshot in marked.values() if flag)  # resumable exactly
     validated = validations.steps

@@ -68,8 +68,8 @@ def test_settings_reach_their_component():
     )
     assert {type(cb).__name__ for cb in callbacks} >= {"HybridScheduler", "DynamicsPredictor"}
     by_type = {type(cb): cb for cb in callbacks}
-    assert by_type[DivergenceMonitor].z_threshold == 7.0
-    assert by_type[ResidualCorrector].max_correction_factor == 3.0
+    assert by_type[DivergenceMonitor].divergence.z_threshold == 7.0
+    assert by_type[ResidualCorrector].correction.max_correction_factor == 3.0
     assert by_type[DynamicsPredictor].predictor.decay == 0.8
     scheduler = next(cb for cb in callbacks if type(cb).__name__ == "HybridScheduler")
     assert scheduler.config.max_consecutive_rollbacks == 2

@@ -11,12 +11,20 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import nn
 
-from lightning_hybrid import DivergenceMonitor, HybridConfig, HybridScheduler, ResidualCorrector, hybrid_callbacks
-from lightning_hybrid.encoder import StateEncoder
-from lightning_hybrid.engine import Components, HybridEngine, LocalCollectives
+from lightning_hybrid import HybridConfig, HybridScheduler, hybrid_callbacks
+from lightning_hybrid.algorithms import DivergenceCheck
 from lightning_hybrid.predictors import OuterMomentum, PrimalAverage
 from lightning_hybrid.summary import format_summary
-from tests.helpers import RULE_PHASES, RegressionModel, flat_params, hybrid_trainer, loader, scheduler_of
+from tests.helpers import (
+    RULE_PHASES,
+    RegressionModel,
+    bare_engine,
+    bare_step,
+    flat_params,
+    hybrid_trainer,
+    loader,
+    scheduler_of,
+)
 
 # ------------------------------------------------------------------------------------------------ a bare torch loop
 
@@ -24,27 +32,8 @@ from tests.helpers import RULE_PHASES, RegressionModel, flat_params, hybrid_trai
 def engine_loop(model, optimizer, rule, steps, batch, config, monitor=None):
     """Hand every step of a plain torch loop to the engine, as the hybrid strategy and scheduler do in Lightning.
     ``batch(step)`` returns the step's loss function of the model. Returns the engine and each step's loss."""
-    engine = HybridEngine(config)
-    engine.connect(Components(rule, StateEncoder(), ResidualCorrector(), monitor or DivergenceMonitor()))
-    engine.bind(optimizer, LocalCollectives())
-    losses = []
-    for step in range(1, steps + 1):
-        engine.begin_step()
-
-        loss_of = batch(step)
-
-        def closure(loss_of=loss_of):
-            loss = loss_of(model)
-            engine.record_loss(loss)
-            loss.backward()
-            return loss
-
-        optimizer.zero_grad()
-        losses.append(engine.guard(optimizer, closure)().item())
-        engine.before_optimizer_step()
-        optimizer.step()
-        engine.after_optimizer_step()
-        engine.end_step(step)
+    engine = bare_engine(config, rule, optimizer, monitor)
+    losses = [bare_step(engine, optimizer, lambda s=s: batch(s)(model), s).item() for s in range(1, steps + 1)]
     return engine, losses
 
 
@@ -74,7 +63,7 @@ def test_outer_jumps_match_a_reference_snoo_loop_over_several_cycles():
         steps,
         regression_batches(),
         config,
-        DivergenceMonitor(verify_window=0),
+        DivergenceCheck(verify_window=0),
     )
     ref = small_net()
     ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
@@ -92,8 +81,12 @@ def test_outer_jumps_match_a_reference_snoo_loop_over_several_cycles():
         ref_opt.zero_grad()
         batch(step)(ref).backward()
         ref_opt.step()
-    assert engine.record.counters.segments_started == 4
-    for got, want in [(list(model.parameters()), params), (engine.store.buffer, anchor), (engine.rule._b, b)]:
+    assert engine.record.counters.jumps_made == 4
+    for got, want in [
+        (list(model.parameters()), params),
+        (engine.store.buffer, anchor),
+        (engine.parts.predictor._b, b),
+    ]:
         for x, y in zip(got, want):
             torch.testing.assert_close(x, y, rtol=0, atol=1e-6)
     assert not torch.equal(flat_params(model), flat_params(small_net()))
@@ -114,7 +107,7 @@ def test_parameter_copies_each_rule_holds(rule, window, capture, copies):
     config = HybridConfig(warmup_steps=2, full_steps=5, capture_buffer=capture)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     engine, _ = engine_loop(
-        model, optimizer, rule, 12, regression_batches(), config, DivergenceMonitor(verify_window=window)
+        model, optimizer, rule, 12, regression_batches(), config, DivergenceCheck(verify_window=window)
     )
     held = [*engine.store.buffer, *getattr(rule, "_b", []), *getattr(rule, "_jump", []), *getattr(rule, "_x", [])]
     numel = sum(p.numel() for p in model.parameters())
@@ -166,7 +159,7 @@ class FixedJump(OuterMomentum):
 def valley_run(rule, steps=66):
     model = Valley()
     config = HybridConfig(warmup_steps=5, full_steps=10)
-    monitor = DivergenceMonitor(verify_window=5)
+    monitor = DivergenceCheck(verify_window=5)
     engine, losses = engine_loop(
         model, torch.optim.SGD(model.parameters(), lr=LR), rule, steps, valley_batches(), config, monitor
     )
@@ -177,7 +170,7 @@ def test_delayed_verification_keeps_a_jump_that_an_immediate_check_would_reject(
     rule = FixedJump()
     engine, losses, w = valley_run(rule)
     counters = engine.record.counters
-    assert counters.segments_started == 6 and counters.segments_accepted == 5 and counters.rollbacks == 0
+    assert counters.jumps_made == 6 and counters.jumps_kept == 5 and counters.rollbacks == 0
     # on the batch right after each jump the jumped weights lose to the weights before it: a check at that moment
     # (the jump against no jump) rejects every one
     batches = valley_batches()
@@ -193,14 +186,14 @@ def test_the_same_jump_fifty_times_over_is_rolled_back_at_once():
     engine, losses, w = valley_run(FixedJump(scale=50.0))
     counters = engine.record.counters
     assert counters.rollbacks >= 1 and engine.parts.monitor.events["zscore"] >= 1
-    assert counters.segments_accepted == 0
+    assert counters.jumps_kept == 0
     assert torch.isfinite(w).all() and losses[-1] < 5.0
 
 
 def test_a_jump_that_loses_ground_is_rolled_back_after_its_window():
     engine, _, _ = valley_run(FixedJump(along=-2.0, across=0.0))  # back up the valley: no blow-up, just worse later
     assert engine.parts.monitor.events["delayed"] >= 1 and engine.parts.monitor.events["zscore"] == 0
-    assert engine.record.counters.segments_accepted == 0
+    assert engine.record.counters.jumps_kept == 0
     assert engine.policy.prediction_off is False or engine.record.counters.rollbacks >= 5
 
 
@@ -236,10 +229,10 @@ def test_outer_with_eta_one_and_no_momentum_is_plain_lightning_bitwise():
 def test_outer_jumps_every_cycle_in_a_lightning_run_and_keeps_every_backward_pass():
     model, trainer = fit_regression(hybrid_callbacks(predictor="outer", **RULE_PHASES))
     counters = scheduler_of(trainer).counters
-    assert counters.segments_started == (40 - 5) // 6 - 1  # the last cycle's jump could not be verified in time
-    assert f"of {counters.segments_started} jumps" in format_summary(scheduler_of(trainer).summary())
+    assert counters.jumps_made == (40 - 5) // 6 - 1  # the last cycle's jump could not be verified in time
+    assert f"and {counters.jumps_made} jumps" in format_summary(scheduler_of(trainer).summary())
     assert model.backward_calls == 40 and counters.backward_skipped == 0
-    assert counters.segments_accepted + counters.rollbacks == counters.segments_started
+    assert counters.jumps_kept + counters.rollbacks == counters.jumps_made
     plain, _ = fit_regression([], strategy=False)
     assert not torch.equal(flat_params(model), flat_params(plain))
 
@@ -268,13 +261,13 @@ def test_no_jump_is_made_that_fit_cannot_verify(max_steps):
     model = RegressionModel(scheduler=True)
     trainer.fit(model, loader(64, batch_size=16), loader(16, batch_size=16))
     summary = scheduler_of(trainer).summary()
-    assert summary["segments_started"] == sum(end + 6 <= max_steps for end in ends)
+    assert summary["jumps_made"] == sum(end + 6 <= max_steps for end in ends)
     assert summary["rollback_reasons"]["end_of_fit"] == 0
     assert torch.equal(watch.seen, flat_params(model))
     _, unverified = fit_regression(
         hybrid_callbacks(predictor="outer", **{**RULE_PHASES, "verify_window": 0}), steps=max_steps
     )
-    assert scheduler_of(unverified).counters.segments_started == sum(end < max_steps for end in ends)
+    assert scheduler_of(unverified).counters.jumps_made == sum(end < max_steps for end in ends)
 
 
 def test_no_jump_lands_on_a_parameter_frozen_between_the_cycles_end_and_the_jump():
@@ -288,7 +281,7 @@ def test_no_jump_lands_on_a_parameter_frozen_between_the_cycles_end_and_the_jump
     watch = FreezeAtCycleEnd()
     _, trainer = fit_regression(hybrid_callbacks(predictor="outer", **RULE_PHASES), extra_callbacks=[watch])
     assert torch.equal(watch.param, watch.frozen)
-    assert scheduler_of(trainer).counters.segments_started >= 2  # jumps went on after the set was tracked again
+    assert scheduler_of(trainer).counters.jumps_made >= 2  # jumps went on after the set was tracked again
 
 
 def test_average_takes_gradients_at_y_and_its_mixing_weight_matters():
@@ -341,10 +334,10 @@ def test_rules_run_under_manual_optimization(predictor):
     assert model.backward_calls == 40 and torch.isfinite(flat_params(model)).all()
     assert not torch.equal(flat_params(model), start)
     if isinstance(predictor, OuterMomentum):
-        assert engine.record.counters.segments_started == (40 - 5) // 6 - 1  # the last one: no time to verify
+        assert engine.record.counters.jumps_made == (40 - 5) // 6 - 1  # the last one: no time to verify
     else:  # every optimizer step after warmup, taken by the user's own `opt.step()`, went through the rule
         assert len(steps_on_z) == 40 - 5
-        assert all(torch.equal(p, x) for p, x in zip(model.parameters(), engine.rule.average))
+        assert all(torch.equal(p, x) for p, x in zip(model.parameters(), engine.parts.predictor.average))
 
 
 def _checkpointed_run(root, predictor, ckpt_path=None, batch_size=16):
@@ -376,13 +369,10 @@ def test_resume_between_a_cycles_end_and_its_jump_is_bitwise_exact(tmp_path):
     it; resumed, the run makes the same jump. One step an epoch, so that every step's checkpoint resumes exactly."""
     model, trainer = _checkpointed_run(tmp_path / "full", "outer", batch_size=64)
     path = tmp_path / "full" / "ckpt" / "step=17.ckpt"  # the end of the second cycle after warmup (5 + 6 + 6)
-    assert _engine_state(path)[1]["trajectory"]["jump_due"]
+    assert _engine_state(path)[1]["family"]["jump_due"]
     resumed, resumed_trainer = _checkpointed_run(tmp_path / "resume", "outer", ckpt_path=path, batch_size=64)
     assert torch.equal(flat_params(resumed), flat_params(model))
-    assert (
-        scheduler_of(resumed_trainer).summary()["segments_started"]
-        == scheduler_of(trainer).summary()["segments_started"]
-    )
+    assert scheduler_of(resumed_trainer).summary()["jumps_made"] == scheduler_of(trainer).summary()["jumps_made"]
 
 
 def test_resume_inside_an_outer_verification_window_is_bitwise_exact(tmp_path):
@@ -391,7 +381,7 @@ def test_resume_inside_an_outer_verification_window_is_bitwise_exact(tmp_path):
     inside = []
     for path in sorted((tmp_path / "full" / "ckpt").glob("*.ckpt"), key=lambda p: int(p.stem.split("=")[1])):
         checkpoint, state = _engine_state(path)
-        if state["trajectory"]["pending"] and checkpoint["global_step"] < 40:  # the last one has no step to resume
+        if state["family"]["pending"] and checkpoint["global_step"] < 40:  # the last one has no step to resume
             assert checkpoint["hybrid_unverified_segment"]
             inside.append(path)
     assert len(inside) >= 2, "no checkpoint fell inside a verification window"
@@ -399,7 +389,7 @@ def test_resume_inside_an_outer_verification_window_is_bitwise_exact(tmp_path):
         resumed, resumed_trainer = _checkpointed_run(tmp_path / f"resume_{path.stem}", "outer", ckpt_path=path)
         assert torch.equal(flat_params(resumed), reference), path.name
         summary, want = scheduler_of(resumed_trainer).summary(), scheduler_of(trainer).summary()
-        for key in ("segments_started", "segments_accepted", "rollbacks", "rollback_reasons"):
+        for key in ("jumps_made", "jumps_kept", "rollbacks", "rollback_reasons"):
             assert summary[key] == want[key], key
 
 
@@ -409,7 +399,7 @@ def test_average_validation_and_checkpoints_see_the_average_and_resume_bitwise(t
     class Watch(L.Callback):
         def on_validation_epoch_start(self, trainer, pl_module):
             rule = scheduler_of(trainer).predictor.predictor
-            if scheduler_of(trainer).engine.traj.started:
+            if scheduler_of(trainer).engine.family.started:
                 seen.append(all(torch.equal(p, x) for p, x in zip(pl_module.parameters(), rule.average)))
 
     trainer, _ = hybrid_trainer(
@@ -497,13 +487,13 @@ def test_ddp_ranks_stay_identical_under_a_rule(tmp_path, kind):
     rank0, rank1 = run_ranks(tmp_path, kind)
     assert not torch.equal(rank0["first_batch"], rank1["first_batch"]), "ranks should see different data"
     assert torch.equal(rank0["params"], rank1["params"])
-    assert rank0["summary"]["segments_started"] == rank1["summary"]["segments_started"]
+    assert rank0["summary"]["jumps_made"] == rank1["summary"]["jumps_made"]
     assert rank0["summary"]["rollback_reasons"] == rank1["summary"]["rollback_reasons"]
     assert rank0["monitor"] == rank1["monitor"]
     for a, b in zip(rank0["rule"].values(), rank1["rule"].values()):
         assert all(torch.equal(x, y) for x, y in zip(a, b))
     if kind == "outer":
-        assert rank0["summary"]["segments_started"] == (60 - 5) // 6 - 1  # not the last: it could not be verified
+        assert rank0["summary"]["jumps_made"] == (60 - 5) // 6 - 1  # not the last: it could not be verified
 
 
 @pytest.mark.slow
@@ -512,7 +502,7 @@ def test_outer_under_fsdp_jumps_each_ranks_shards_as_ddp_jumps_the_whole(tmp_pat
 
     ddp = run_ranks(tmp_path / "ddp", "outer")
     fsdp = run_ranks(tmp_path / "fsdp", "outer", strategy="fsdp")
-    for key in ("segments_started", "segments_accepted", "rollbacks", "rollback_reasons"):
+    for key in ("jumps_made", "jumps_kept", "rollbacks", "rollback_reasons"):
         assert fsdp[0]["summary"][key] == fsdp[1]["summary"][key] == ddp[0]["summary"][key], key
     assert torch.equal(fsdp[0]["params"], fsdp[1]["params"])  # gathered from the shards
     torch.testing.assert_close(fsdp[0]["params"], ddp[0]["params"], rtol=1e-5, atol=1e-5)

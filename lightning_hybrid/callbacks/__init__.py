@@ -8,6 +8,7 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 
+from lightning_hybrid.algorithms import DivergenceCheck, LinUCBHorizons, ResidualCorrection
 from lightning_hybrid.callbacks.bandit import HorizonBandit
 from lightning_hybrid.callbacks.base import HybridComponent
 from lightning_hybrid.callbacks.corrector import ResidualCorrector
@@ -17,16 +18,18 @@ from lightning_hybrid.callbacks.predictor import DynamicsPredictor
 from lightning_hybrid.callbacks.progress import HybridProgressBar
 from lightning_hybrid.callbacks.scheduler import HybridScheduler, find_scheduler
 from lightning_hybrid.config import HybridConfig
+from lightning_hybrid.engine import family_of
 from lightning_hybrid.predictors import PREDICTORS, AnyPredictor, Predictor, TrajectoryRule, init_chain
 from lightning_hybrid.validation import check_choice
 
 # Which component owns which setting of `hybrid_callbacks`: each name appears once, with its default, in the
-# owner's constructor (a named predictor's own settings come from its `init_chain`).
+# owner's constructor (a named predictor's own settings come from its `init_chain`). The callbacks that host the
+# plain algorithm objects pass their settings on, so the objects' constructors are the owners.
 SETTING_OWNERS: dict[str, Callable[..., Any]] = {
     "config": HybridConfig,
-    "monitor": DivergenceMonitor,
-    "corrector": ResidualCorrector,
-    "bandit": HorizonBandit,
+    "monitor": DivergenceCheck,
+    "corrector": ResidualCorrection,
+    "bandit": LinUCBHorizons,
     "host": DynamicsPredictor,
 }
 NOT_SETTINGS = ("self", "args", "kwargs", "predictor", "predictor_kwargs")  # wiring, not settings
@@ -56,9 +59,9 @@ def hybrid_callbacks(
         raise ValueError(f"hybrid_callbacks: `bandit` must be True, False or None, got {bandit!r}")
     if not isinstance(predictor, (Predictor, TrajectoryRule)):
         check_choice("hybrid_callbacks", "predictor", predictor, PREDICTORS)
-    if bandit is None:  # a trajectory rule makes no segments for a bandit to choose
-        kind = type(predictor) if isinstance(predictor, (Predictor, TrajectoryRule)) else PREDICTORS[predictor]
-        bandit = not issubclass(kind, TrajectoryRule)
+    if bandit is None:  # only a family that makes Predict segments has horizons for a bandit to choose
+        kind = predictor if isinstance(predictor, (Predictor, TrajectoryRule)) else PREDICTORS[predictor]
+        bandit = family_of(kind).chooses_horizons
     known = {owner: settings_of(cls.__init__) for owner, cls in SETTING_OWNERS.items()}
     chain = [] if isinstance(predictor, (Predictor, TrajectoryRule)) else init_chain(PREDICTORS[predictor])
     known["predictor"] = set().union(*(settings_of(init) for init in chain))

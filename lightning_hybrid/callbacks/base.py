@@ -1,8 +1,10 @@
 """What every hybrid callback shares: it only makes sense under a hybrid strategy, and its checkpointed state is
-versioned and checked before anything is restored."""
+versioned, migrated from earlier layouts and checked before anything is restored."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import lightning.pytorch as pl
@@ -12,18 +14,38 @@ from typing_extensions import override
 
 from lightning_hybrid.strategy import HybridStrategyMixin
 
-STATE_VERSION = 1  # layout of the hybrid callbacks' checkpointed state; raise it when the layout changes
+# Layout of the hybrid callbacks' checkpointed state; raise it when a layout changes, and migrate in `_migrate`.
+# 1: the scheduler's state one flat dictionary; 2: the engine's parts and its prediction family apart.
+STATE_VERSION = 2
 
 LOAD_ERRORS = (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError)
+
+
+@contextlib.contextmanager
+def _refusing(name: str, undo: Callable[[], None] | None = None) -> Iterator[None]:
+    """Turn an error while restoring a checkpoint's state into one that says so (after ``undo``); an error that is
+    already a message of ours passes unchanged."""
+    try:
+        yield
+    except LOAD_ERRORS as err:
+        if undo is not None:
+            undo()
+        if str(err).startswith(name):
+            raise
+        raise ValueError(
+            f"{name}: the checkpoint's state could not be restored ({type(err).__name__}: {err}); it was not "
+            "written by a compatible lightning-hybrid, or it is damaged"
+        ) from err
 
 
 class HybridComponent(Callback):
     """Base of the hybrid callbacks; refuses to run a ``fit`` without a hybrid strategy.
 
-    Subclasses keep their checkpointed state in ``_state``/``_load``. ``state_dict`` adds the version;
-    ``load_state_dict`` refuses a state from a newer lightning-hybrid or one that lacks a key, naming the
-    callback and what is wrong, and restores the callback as it was if loading fails part-way. A state without a
-    version was written before versioning, with the layout of version 1.
+    Subclasses keep their checkpointed state in ``_state``/``_load``, and turn an earlier version's layout into
+    this one in ``_migrate``. ``state_dict`` adds the version; ``load_state_dict`` refuses a state from a newer
+    lightning-hybrid or one that lacks a key, naming the callback and what is wrong, and restores the callback as
+    it was if loading fails part-way. A state without a version was written before versioning, with the layout of
+    version 1.
     """
 
     def _state(self) -> dict[str, Any]:
@@ -31,6 +53,10 @@ class HybridComponent(Callback):
 
     def _load(self, state: dict[str, Any]) -> None:
         pass
+
+    def _migrate(self, state: dict[str, Any], version: int) -> dict[str, Any]:
+        """``state``, written with layout ``version``, in this version's layout (unchanged by default)."""
+        return state
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -45,6 +71,8 @@ class HybridComponent(Callback):
                 f"{name}: the checkpoint's state has version {version!r}, but this lightning-hybrid reads versions "
                 f"1 to {STATE_VERSION}; resume it with the lightning-hybrid that wrote it (or a newer one)"
             )
+        with _refusing(name):
+            state = self._migrate(state, version)
         try:
             backup: dict[str, Any] | None = self._state()
         except LOAD_ERRORS:  # not built yet (learned predictors build on first use): nothing to lose
@@ -55,17 +83,8 @@ class HybridComponent(Callback):
                 f"{name}: the checkpoint's state lacks {missing}; it was not written by a compatible "
                 "lightning-hybrid, or it is damaged"
             )
-        try:
+        with _refusing(name, undo=None if backup is None else lambda: self._load(backup)):  # nothing half-restored
             self._load(state)
-        except LOAD_ERRORS as err:
-            if backup is not None:
-                self._load(backup)  # nothing half-restored
-            if str(err).startswith(name):
-                raise  # already a message of ours
-            raise ValueError(
-                f"{name}: the checkpoint's state could not be restored ({type(err).__name__}: {err}); it was not "
-                "written by a compatible lightning-hybrid, or it is damaged"
-            ) from err
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -76,3 +95,20 @@ class HybridComponent(Callback):
                 '(or `strategy="hybrid"`; `"hybrid_ddp"` or `"hybrid_fsdp"` for several devices). DeepSpeed is not '
                 "supported."
             )
+
+
+class HostComponent(HybridComponent):
+    """A callback that holds one plain algorithm object (``hosted``) and checkpoints its ``state_dict``, as
+    Lightning's ``StochasticWeightAveraging`` holds an ``AveragedModel``."""
+
+    @property
+    def hosted(self) -> Any:
+        raise NotImplementedError
+
+    @override
+    def _state(self) -> dict[str, Any]:
+        return self.hosted.state_dict()
+
+    @override
+    def _load(self, state: dict[str, Any]) -> None:
+        self.hosted.load_state_dict(state)

@@ -1,152 +1,26 @@
-"""DivergenceMonitor: decides when a predicted segment has gone wrong."""
+"""DivergenceMonitor: hosts the divergence check, so its settings are a callback's and Lightning checkpoints it."""
 
 from __future__ import annotations
 
-import math
-from collections import deque
-from itertools import pairwise
 from typing import Any
 
-from lightning_hybrid.callbacks.base import HybridComponent
-from lightning_hybrid.stats import EmaStats
-from lightning_hybrid.validation import check_float, check_int
-
-REASONS = ("nonfinite", "bound", "zscore", "oscillation", "delayed")
+from lightning_hybrid.algorithms import DivergenceCheck
+from lightning_hybrid.callbacks.base import HostComponent
 
 
-class DivergenceMonitor(HybridComponent):
-    """Watches losses measured at predicted weights and names the first divergence signal it sees.
-
-    Signals, in order: a NaN/Inf loss; a loss above the predictor's upper bound; a loss whose z-score against the
-    warmup/full statistics exceeds ``z_threshold``; and oscillation, i.e. the last ``oscillation_window`` loss
-    changes inside the segment alternate in sign and each exceeds ``oscillation_sigmas`` noise deviations.
-
-    A trajectory rule's jump (``predictor="outer"``) is judged twice: on the first ordinary step after it, only for
-    divergence (a non-finite loss or a z-score above ``z_threshold``), and over a delayed window: the mean loss of
-    the last ``verify_window`` steps of the Full cycle after the jump, against the same window of the cycle before
-    it. A useful jump often raises the loss at first and pays once the optimizer has settled, so
-    judging it right after would reject exactly those.
+class DivergenceMonitor(HostComponent):
+    """Holds the :class:`~lightning_hybrid.algorithms.DivergenceCheck` the engine asks whether a prediction went
+    wrong (``divergence``).
 
     Args:
-        z_threshold: largest tolerated z-score of a predicted-step loss (> 0).
-        oscillation_window: number of alternating loss changes that count as oscillation; 0 disables the signal.
-        oscillation_sigmas: size, in loss standard deviations, a change must have to count towards oscillation.
-        stats_decay: memory of the moving loss and gradient-norm statistics, in ``[0, 1)``.
-        grad_outlier_factor: an ordinary step whose gradient norm exceeds this many times the running mean (once
-            10 steps are known) is skipped, so one exploding gradient cannot wreck the optimizer's moments;
-            0 disables the check.
-        verify_window: ordinary steps at the end of the Full cycle after a jump whose mean loss keeps or rolls back
-            the jump (at most ``full_steps``); 0 keeps every jump unchecked and holds no copy of it.
-        verify_sigmas: a jump is rolled back when that mean exceeds the window's mean before the jump by more than
-            this many standard errors (> 0).
+        **settings: the check's settings, each documented there: ``z_threshold``, ``oscillation_window``,
+            ``oscillation_sigmas``, ``stats_decay``, ``grad_outlier_factor``, ``verify_window``,
+            ``verify_sigmas``.
     """
 
-    def __init__(
-        self,
-        z_threshold: float = 4.0,
-        oscillation_window: int = 4,
-        oscillation_sigmas: float = 1.5,
-        stats_decay: float = 0.98,
-        grad_outlier_factor: float = 100.0,
-        verify_window: int = 10,
-        verify_sigmas: float = 2.0,
-    ) -> None:
-        owner = "DivergenceMonitor"
-        self.z_threshold = check_float(owner, "z_threshold", z_threshold, 0.0, open_low=True)
-        self.oscillation_window = check_int(owner, "oscillation_window", oscillation_window, 0)
-        self.oscillation_sigmas = check_float(owner, "oscillation_sigmas", oscillation_sigmas, 0.0)
-        self.stats_decay = check_float(owner, "stats_decay", stats_decay, 0.0, 1.0 - 1e-12)
-        self.grad_outlier_factor = check_float(owner, "grad_outlier_factor", grad_outlier_factor, 0.0)
-        self.verify_window = check_int(owner, "verify_window", verify_window, 0)
-        self.verify_sigmas = check_float(owner, "verify_sigmas", verify_sigmas, 0.0, open_low=True)
-        self.loss_stats = EmaStats(stats_decay)
-        self.grad_norm_stats = EmaStats(stats_decay)
-        self.events = {reason: 0 for reason in REASONS}
-        self._segment: deque[float] = deque(maxlen=oscillation_window + 1)
+    def __init__(self, **settings: Any) -> None:
+        self.divergence = DivergenceCheck(**settings)
 
-    def observe(self, loss: float, grad_norm: float) -> None:
-        """Feed a warmup/full step's loss and gradient norm into the reference statistics."""
-        if math.isfinite(loss):
-            self.loss_stats.update(loss)
-        if math.isfinite(grad_norm):
-            self.grad_norm_stats.update(grad_norm)
-
-    def gradient_outlier(self, grad_norm: float) -> bool:
-        """Whether an ordinary step's gradient norm is an explosion, not training (see ``grad_outlier_factor``)."""
-        return grad_norm > self.outlier_limit()
-
-    def outlier_limit(self) -> float:
-        """The gradient norm above which a step is an outlier now (``inf`` while the check is off or unprimed)."""
-        stats = self.grad_norm_stats
-        limit = self.grad_outlier_factor * stats.mean
-        return limit if self.grad_outlier_factor > 0 and stats.count >= 10 and limit > 0 else math.inf
-
-    def start_segment(self) -> None:
-        self._segment.clear()
-
-    def check(self, loss: float, upper_bound: float) -> str | None:
-        """Return the divergence reason for a loss measured at predicted weights, or ``None`` if it looks fine."""
-        reason = self._reason(loss, upper_bound)
-        if reason is not None:
-            self.events[reason] += 1
-        return reason
-
-    def diverged(self, loss: float) -> str | None:
-        """The check right after a jump: only divergence (non-finite, or a z-score above ``z_threshold``)."""
-        reason = None
-        if not math.isfinite(loss):
-            reason = "nonfinite"
-        elif self._z_score(loss) > self.z_threshold:
-            reason = "zscore"
-        if reason is not None:
-            self.events[reason] += 1
-        return reason
-
-    def judge_window(self, before: float, after: float, spread: float) -> str | None:
-        """The delayed verdict on a jump: ``after`` is the mean loss of the verification window after it, ``before``
-        the same window's mean in the cycle before it, ``spread`` the losses' standard deviation within windows. The
-        jump is kept when, once the optimizer has settled, the loss is no higher than before it, within
-        ``verify_sigmas`` standard errors of the difference. A linear extrapolation of earlier windows' progress
-        would expect too much on a loss curve that flattens (measured on the river-valley test: it rejected a
-        jump that paid), and a cycle's progress is small against batch noise on real tasks."""
-        tolerance = self.verify_sigmas * spread * math.sqrt(2.0 / self.verify_window)
-        reason = "nonfinite" if not math.isfinite(after) else "delayed" if after > before + tolerance else None
-        if reason is not None:
-            self.events[reason] += 1
-        return reason
-
-    def _z_score(self, loss: float) -> float:
-        std = self.loss_stats.std
-        return (loss - self.loss_stats.mean) / std if std > 0 else 0.0
-
-    def _reason(self, loss: float, upper_bound: float) -> str | None:
-        if not math.isfinite(loss):
-            return "nonfinite"
-        if loss > upper_bound:
-            return "bound"
-        if self._z_score(loss) > self.z_threshold:
-            return "zscore"
-        self._segment.append(loss)
-        return "oscillation" if self._oscillating(self.loss_stats.std) else None
-
-    def _oscillating(self, std: float) -> bool:
-        if self.oscillation_window == 0 or len(self._segment) <= self.oscillation_window:
-            return False
-        values = list(self._segment)
-        changes = [b - a for a, b in pairwise(values)]
-        alternating = all(c1 * c2 < 0 for c1, c2 in pairwise(changes))
-        return alternating and all(abs(c) > self.oscillation_sigmas * std for c in changes)
-
-    def _state(self) -> dict[str, Any]:
-        return {
-            "loss_stats": self.loss_stats.state_dict(),
-            "grad_norm_stats": self.grad_norm_stats.state_dict(),
-            "events": dict(self.events),
-            "segment": list(self._segment),
-        }
-
-    def _load(self, state: dict[str, Any]) -> None:
-        self.loss_stats.load_state_dict(state["loss_stats"])
-        self.grad_norm_stats.load_state_dict(state["grad_norm_stats"])
-        self.events = {reason: int(state["events"].get(reason, 0)) for reason in REASONS}
-        self._segment = deque(state["segment"], maxlen=self.oscillation_window + 1)
+    @property
+    def hosted(self) -> DivergenceCheck:
+        return self.divergence

@@ -15,7 +15,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch import nn
 from torch.optim import Optimizer
 from typing_extensions import override
@@ -26,9 +26,8 @@ from lightning_hybrid.callbacks.corrector import ResidualCorrector
 from lightning_hybrid.callbacks.monitor import DivergenceMonitor
 from lightning_hybrid.callbacks.predictor import DynamicsPredictor
 from lightning_hybrid.config import HybridConfig
-from lightning_hybrid.engine import Components, HybridEngine
+from lightning_hybrid.engine import Components, HybridEngine, family_of
 from lightning_hybrid.phase import Phase
-from lightning_hybrid.predictors.rules import OuterMomentum, PrimalAverage, TrajectoryRule
 from lightning_hybrid.summary import RunCounters, format_summary
 from lightning_hybrid.tensorboard import write_phase_curves_layout
 
@@ -94,7 +93,7 @@ class HybridScheduler(HybridComponent):
             raise ValueError(f"HybridScheduler: pass either `config` or settings, not both (got {sorted(settings)})")
         self.config = config if config is not None else HybridConfig(**settings)
         self.summary_filename = summary_filename
-        self.engine = HybridEngine(self.config)
+        self.engine = HybridEngine(self.config, info=rank_zero_info, warn=rank_zero_warn)
         self.predictor: DynamicsPredictor | None = None
         self.monitor: DivergenceMonitor | None = None
         self.bandit: HorizonBandit | None = None
@@ -133,38 +132,16 @@ class HybridScheduler(HybridComponent):
                 f"predict_memory={self.config.predict_memory!r} is not supported with "
                 f"{type(trainer.strategy).__name__}: its optimizer state is already sharded; use predict_memory='none'."
             )
-        if isinstance(self.predictor.predictor, TrajectoryRule):
-            self._check_rule(trainer, self.predictor.predictor)
-        self.engine.connect(
-            Components(self.predictor.predictor, self.predictor.encoder, corrector, self.monitor, self.bandit)
-        )
+        bandit = self.bandit.horizons if self.bandit is not None else None
+        host = self.predictor
+        parts = Components(host.predictor, host.encoder, corrector.correction, self.monitor.divergence, bandit)
+        try:
+            family_of(host.predictor).check(self.config, parts, trainer.strategy.sharded)
+        except ValueError as err:  # refused by name, before anything trains
+            raise MisconfigurationException(str(err)) from err
+        self.engine.connect(parts)
         self._strategy = trainer.strategy
         trainer.strategy.attach_step_handler(self.engine)
-
-    def _check_rule(self, trainer: pl.Trainer, rule: TrajectoryRule) -> None:
-        """What a trajectory rule cannot be combined with, refused by name before training starts."""
-        name = rule.name
-        if self.bandit is not None:
-            raise MisconfigurationException(
-                f"predictor={name!r} makes no Predict segments, so the HorizonBandit has nothing to choose: remove "
-                "it (`hybrid_callbacks(predictor=..., bandit=False)`, the default for trajectory rules)."
-            )
-        if self.config.predict_memory != "none":
-            raise MisconfigurationException(
-                f"predict_memory={self.config.predict_memory!r} frees memory during Predict segments, which "
-                f"predictor={name!r} does not run; use predict_memory='none'."
-            )
-        window = self.monitor.verify_window
-        if isinstance(rule, OuterMomentum) and window > self.config.full_steps:
-            raise MisconfigurationException(
-                f"DivergenceMonitor: `verify_window` must be at most full_steps ({self.config.full_steps}) with "
-                f"predictor={name!r}: the window is the end of the cycle after a jump; got {window}."
-            )
-        if isinstance(rule, PrimalAverage) and trainer.strategy.sharded:
-            raise MisconfigurationException(
-                f"predictor={name!r} is not supported with {type(trainer.strategy).__name__}: its checkpoints hold "
-                "the average in place of the sharded weights, which is not implemented; use hybrid_ddp."
-            )
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -222,14 +199,6 @@ class HybridScheduler(HybridComponent):
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=trainer.global_step)
 
-    @property
-    def unverified(self) -> bool:
-        """Whether the weights now hold predicted updates (or a jump) that no verdict has kept yet."""
-        engine = self.engine
-        store = engine.store
-        segment = store is not None and store.snapshot_alive and engine.machine.segment_pos > 0
-        return segment or engine.traj.pending
-
     @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Validation inside a segment sees unverified weights: mark it in the logs (``hybrid/unverified``, 1 at
@@ -237,14 +206,14 @@ class HybridScheduler(HybridComponent):
         ``predictor="average"`` validation sees the averaged weights."""
         if trainer.state.fn != "fit":
             return
-        if self.unverified:
+        if self.engine.unverified:
             for logger in trainer.loggers:
                 logger.log_metrics({"hybrid/unverified": 1.0}, step=trainer.global_step)
-        self.engine.show_average()
+        self.engine.validation_start()
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.engine.hide_average()
+        self.engine.validation_end()
 
     @override
     def on_save_checkpoint(
@@ -252,8 +221,8 @@ class HybridScheduler(HybridComponent):
     ) -> None:
         """Mark a checkpoint written inside a segment: it resumes exactly (the snapshot is in this callback's
         state), but its model weights are unverified predictions."""
-        checkpoint[UNVERIFIED_KEY] = self.unverified
-        averaged = self.engine.averaged_parameters()
+        checkpoint[UNVERIFIED_KEY] = self.engine.unverified
+        averaged = self.engine.checkpoint_weights()
         if averaged:  # as Lightning's WeightAveraging: the model's weights are the average, the trained ones aside
             names = {id(p): name for name, p in pl_module.named_parameters()}
             checkpoint[CURRENT_KEY] = checkpoint["state_dict"]
@@ -272,8 +241,7 @@ class HybridScheduler(HybridComponent):
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.engine.close_segment()  # however training ended: max_steps, EarlyStopping, max_time, an interruption
-        self.engine.finish_average()
+        self.engine.end_fit()  # however training ended: max_steps, EarlyStopping, max_time, an interruption
         self.engine.record.stop_clock()
 
     @override
@@ -312,6 +280,10 @@ class HybridScheduler(HybridComponent):
     @override
     def _load(self, state: dict[str, Any]) -> None:
         self.engine.load_state_dict(state)
+
+    @override
+    def _migrate(self, state: dict[str, Any], version: int) -> dict[str, Any]:
+        return self.engine.migrate_v1(state) if version == 1 else state
 
 
 def find_scheduler(trainer: pl.Trainer) -> HybridScheduler | None:

@@ -1,9 +1,13 @@
 """The hybrid training engine as plain objects: the phase machine, the prediction policy, the step guard, the
-parameter store and the run record, tied together by :class:`HybridEngine`. Nothing here needs a Trainer; the
-``HybridScheduler`` callback wires the engine to Lightning's hooks."""
+parameter store and the run record, tied together by :class:`HybridEngine`, which composes one
+:class:`PredictionFamily` (``families/``). Nothing here imports Lightning; the ``HybridScheduler`` callback wires
+the engine to Lightning's hooks."""
 
-from lightning_hybrid.engine.components import Components
+from lightning_hybrid.engine.components import Bandit, Components, Corrector, Forecaster, Monitor
+from lightning_hybrid.engine.deferred import Deferred
 from lightning_hybrid.engine.engine import HybridEngine
+from lightning_hybrid.engine.families import OuterJumps, PredictSegments, PrimalAveraging, family_of
+from lightning_hybrid.engine.family import FAMILIES, EngineView, PredictionFamily, register_family
 from lightning_hybrid.engine.guard import Reading, StepGuard
 from lightning_hybrid.engine.interface import Collectives, LocalCollectives, StepHandler
 from lightning_hybrid.engine.phases import Due, PhaseMachine
@@ -12,17 +16,30 @@ from lightning_hybrid.engine.record import RunRecord, StepRecord
 from lightning_hybrid.engine.store import ParameterStore
 
 __all__ = [
+    "FAMILIES",
+    "Bandit",
     "Collectives",
     "Components",
+    "Corrector",
+    "Deferred",
     "Due",
+    "EngineView",
+    "Forecaster",
     "HybridEngine",
     "LocalCollectives",
+    "Monitor",
+    "OuterJumps",
     "ParameterStore",
     "PhaseMachine",
+    "PredictSegments",
+    "PredictionFamily",
     "PredictionPolicy",
+    "PrimalAveraging",
     "Reading",
     "RunRecord",
     "StepGuard",
     "StepHandler",
     "StepRecord",
+    "family_of",
+    "register_family",
 ]

@@ -10,6 +10,7 @@ values are read later with others (:meth:`StepGuard.check_on_device`). That need
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,8 +18,11 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
+from lightning_hybrid.engine.components import Monitor
 from lightning_hybrid.engine.interface import Collectives
+from lightning_hybrid.engine.record import StepRecord
 from lightning_hybrid.stats import sq_norm
+from lightning_hybrid.summary import RunCounters
 
 
 @dataclass
@@ -42,6 +46,36 @@ class StepGuard:
     def __init__(self, collectives: Collectives, scaler: Any = None) -> None:
         self.collectives = collectives
         self.scaler = scaler
+
+    def check(
+        self,
+        step: StepRecord,
+        optimizer: Optimizer,
+        owners: list[Tensor],
+        monitor: Monitor,
+        judge: Callable[[float], bool],
+        counters: RunCounters,
+    ) -> None:
+        """Guard an ordinary step after its backward pass, before its update. A quiet step is guarded on the device
+        (:meth:`check_on_device`); any other is read, ``judge`` gives the verdict on what is still unverified (the
+        family's; ``True``: the step's gradient was taken at rejected weights), and a step judged so, or with a
+        non-finite loss or gradient, or an exploding gradient norm (these two counted), is skipped."""
+        if step.quiet:
+            step.reading = self.check_on_device(optimizer, owners, step.loss_sum, monitor.outlier_limit())
+            return
+        reading = self.read(owners, step.loss_sum)
+        if reading is None:
+            step.skipped = True  # the user's training_step skipped this batch
+            return
+        step.loss, step.grad_norm = reading.loss, reading.grad_norm
+        if judge(reading.loss if reading.finite else math.nan):
+            step.skipped = True
+        elif not reading.finite:
+            step.skipped, counters.nonfinite_steps_skipped = True, counters.nonfinite_steps_skipped + 1
+        elif monitor.gradient_outlier(reading.grad_norm):
+            step.skipped, counters.outlier_steps_skipped = True, counters.outlier_steps_skipped + 1
+        if step.skipped:
+            self.skip(optimizer, reading.grads)
 
     def read(self, owners: list[Tensor], loss_sum: Tensor | None) -> Reading | None:
         """The step's reading; ``None`` when the user's ``training_step`` skipped the batch (no loss, no grads)."""

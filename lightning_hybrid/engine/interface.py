@@ -17,23 +17,18 @@ from torch.optim import Optimizer
 
 @runtime_checkable
 class StepHandler(Protocol):
-    """What a hybrid strategy routes ``training_step``, ``backward`` and ``optimizer_step`` through."""
+    """What a hybrid strategy routes ``training_step``, ``backward`` and ``optimizer_step`` through. Each call gets
+    the strategy's own implementation as ``run``, to call (ordinary steps) or leave out (predicted ones)."""
 
-    @property
-    def predicting(self) -> bool:
-        """Whether the current step is a predicted one: no backward pass, the update comes from the predictor."""
+    def training_step(self, run: Callable[[], Any]) -> Any:
+        """``run()`` calls the module's ``training_step``."""
 
-    def predicted_training_step(self, run: Callable[[], Any]) -> Any:
-        """``training_step`` of a predicted step; ``run`` calls the module's own ``training_step``."""
+    def backward(self, loss: Tensor, run: Callable[[], Any]) -> Any:
+        """``run()`` runs the backward pass of ``loss``."""
 
-    def record_loss(self, loss: Tensor) -> None:
-        """The loss handed to ``backward`` (called on predicted steps too, where no backward follows)."""
-
-    def guard(self, optimizer: Optimizer, closure: Callable[[], Any]) -> Callable[[], Any]:
-        """Wrap an ordinary step's closure with the checks that may turn its update into a no-op."""
-
-    def predict_step(self, closure: Callable[[], Any]) -> Any:
-        """Replace ``optimizer.step`` on a predicted step."""
+    def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any], run: Callable[..., Any]) -> Any:
+        """``run(closure)`` steps ``optimizer`` with ``closure`` (the forward and backward, in automatic
+        optimization), through Lightning's precision plugin."""
 
 
 @runtime_checkable

@@ -4,6 +4,7 @@ segment may be. Plain Python, so every transition is unit-testable without a Tra
 from __future__ import annotations
 
 from enum import Enum
+from typing import Any
 
 from lightning_hybrid.phase import Phase
 
@@ -69,3 +70,15 @@ class PhaseMachine:
 
     def segment_accepted(self) -> None:
         self.horizon = min(self.max_predict_steps, self.horizon * 2)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "phase": int(self.phase),
+            "phase_step": self.phase_step,
+            "segment_pos": self.segment_pos,
+            "horizon": self.horizon,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.phase, self.phase_step = Phase(state["phase"]), int(state["phase_step"])
+        self.segment_pos, self.horizon = int(state["segment_pos"]), int(state["horizon"])

@@ -3,6 +3,8 @@ that turns prediction off after repeated failures. Plain Python: every rule is u
 
 from __future__ import annotations
 
+from typing import Any
+
 from lightning_hybrid.config import HybridConfig
 
 
@@ -61,9 +63,23 @@ class PredictionPolicy:
         self.backoffs = 0
 
     def segment_failed(self) -> bool:
-        """Count a failed segment; ``True`` when this failure switches prediction off."""
+        """Count a failed prediction (a segment or a jump); ``True`` when this failure switches prediction off."""
         self.consecutive_failures += 1
         if self.consecutive_failures >= self.config.max_consecutive_rollbacks and not self.prediction_off:
             self.prediction_off = True
             return True
         return False
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "consecutive_failures": self.consecutive_failures,
+            "prediction_off": self.prediction_off,
+            "backoff": [self.declined, self.backoffs, self.backoff_until],
+            "lr_peak": list(self.lr_peak),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.consecutive_failures = int(state["consecutive_failures"])
+        self.prediction_off = bool(state["prediction_off"])
+        self.declined, self.backoffs, self.backoff_until = (int(v) for v in state["backoff"])
+        self.lr_peak = [float(v) for v in state["lr_peak"]]

@@ -22,11 +22,10 @@ class StepRecord:
     started: float = 0.0  # perf_counter at its start
     backed_off: bool = False
     capture: bool = False  # the optimizer's update is captured into the store's buffer
-    delta_ready: bool = False
+    delta_ready: bool = False  # and it has been: the buffer holds new - old
     skipped: bool = False  # the update did not reach the weights
     loss_sum: Tensor | None = None  # losses passed to backward, summed over micro-batches
     forward_loss: Tensor | None = None  # a predicted step's forward check
-    forward_now: bool = False
     loss: float = math.nan
     predicted_loss: float = math.nan
     band: float = math.nan  # half-width of the predicted loss's band, on predicted steps
@@ -37,53 +36,12 @@ class StepRecord:
 
 
 @dataclass
-class Deferred:
-    """A quiet step whose reading waits on the device: the engine learns from it, in order, when it next reads."""
-
-    step: StepRecord
-    global_step: int
-    seconds: float
-    lrs: list[float]
-    tracked: Tensor | list[list[float]] | None = None  # the predictor's device half of observing the update
-
-    def to_dict(self) -> dict[str, Any]:
-        step = self.step
-        return {
-            "phase": int(step.phase),
-            "backed_off": step.backed_off,
-            "global_step": self.global_step,
-            "seconds": self.seconds,
-            "lrs": list(self.lrs),
-            "reading": _host(step.reading),
-            "tracked": _host(self.tracked),
-        }
-
-    @classmethod
-    def from_dict(cls, state: dict[str, Any]) -> Deferred:
-        step = StepRecord(
-            phase=Phase(state["phase"]),
-            backed_off=bool(state["backed_off"]),
-            quiet=True,
-            reading=state["reading"],
-            delta_ready=state["tracked"] is not None,  # its update was folded in when it ran
-        )
-        lrs = [float(v) for v in state["lrs"]]
-        return cls(step, int(state["global_step"]), float(state["seconds"]), lrs, state["tracked"])
-
-
-def _host(values: Tensor | list | None) -> list | None:
-    return values.tolist() if isinstance(values, Tensor) else values
-
-
-@dataclass
 class RunRecord:
     """Counters, prediction errors and the training clock of a run; restored from checkpoints so a resumed run
     reports whole-run totals."""
 
     counters: RunCounters = field(default_factory=RunCounters)
     errors: dict[str, float] = field(default_factory=lambda: {"sum": 0.0, "count": 0})
-    factors: list[float] = field(default_factory=list)  # the last plan's correction factors
-    bandit_arm: int = 0  # the horizon the bandit chose last
     wall_base: float = 0.0
     wall_t0: float = 0.0
 
@@ -107,16 +65,12 @@ class RunRecord:
         if step.backed_off:
             self.counters.backed_off_steps += 1
 
-    def metrics(
-        self, step: StepRecord, predicted_loss: float, horizon: int, confidence: float, uncertainty: float, bandit: bool
-    ) -> dict[str, float]:
-        """The ``hybrid/*`` scalars of a finished step (``bandit``: whether a bandit chooses horizons). The band has
-        zero width on ordinary steps, where the one-step prediction carries no bound, so the value, lower and upper
-        curves always share their steps."""
+    def metrics(self, step: StepRecord, predicted_loss: float) -> dict[str, float]:
+        """The ``hybrid/*`` scalars of a finished step that every family logs (the family adds its own). The band
+        has zero width on ordinary steps, where the one-step prediction carries no bound, so the value, lower and
+        upper curves always share their steps."""
         metrics = {
             "hybrid/phase": float(step.phase),
-            "hybrid/confidence": confidence,
-            "hybrid/horizon": float(horizon if step.phase is Phase.PREDICT else 0),
             "hybrid/rollbacks": float(self.counters.rollbacks),
             "hybrid/backward_skipped_pct": self.counters.backward_skipped_pct,
         }
@@ -129,10 +83,6 @@ class RunRecord:
             metrics["hybrid/loss_predicted_upper"] = predicted_loss + band
         if math.isfinite(step.error):
             metrics["hybrid/prediction_error"] = step.error
-        metrics["hybrid/correction_magnitude"] = max((abs(math.log(f)) for f in self.factors), default=0.0)
-        metrics["hybrid/uncertainty"] = uncertainty
-        if bandit:
-            metrics["hybrid/bandit_arm"] = float(self.bandit_arm)
         return metrics
 
     def summary(self) -> dict[str, Any]:
@@ -143,17 +93,10 @@ class RunRecord:
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "counters": self.counters.to_dict(),
-            "factors": list(self.factors),
-            "bandit_arm": self.bandit_arm,
-            "errors": dict(self.errors),
-            "wall_time_s": self.wall_time(),
-        }
+        return {"counters": self.counters.to_dict(), "errors": dict(self.errors), "wall_time_s": self.wall_time()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.counters = RunCounters()
         self.counters.load(state["counters"])
-        self.factors, self.bandit_arm = list(state["factors"]), int(state["bandit_arm"])
         self.errors = dict(state["errors"])
         self.wall_base, self.wall_t0 = float(state["wall_time_s"]), 0.0

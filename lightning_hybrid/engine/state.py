@@ -1,58 +1,65 @@
-"""The engine's checkpointed state: one flat dictionary, in the layout of ``STATE_VERSION`` 1 (the layout the
-scheduler wrote before the engine was split into parts), so checkpoints of either read alike."""
+"""The engine's checkpointed state, one part per owner, and the migration from the layout before it.
+
+Version 2 (this one): ``{"machine", "policy", "record", "deferred", "family": {"name", ...}}``, each part written by
+its owner. Version 1 was one flat dictionary (the layout the scheduler wrote before the engine was split into
+parts, kept by the engine of mixins, with keys added later read with defaults); :func:`migrate_v1` turns it into
+version 2, moving what outer's jumps counted as segments to the jump counters.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from lightning_hybrid.engine.record import Deferred
-from lightning_hybrid.phase import Phase
-from lightning_hybrid.predictors import Plan
+from lightning_hybrid.engine.deferred import Deferred
+
+JUMP_COUNTERS = {"segments_started": "jumps_made", "segments_accepted": "jumps_kept"}
 
 
-class EngineState:
-    """``state_dict``/``load_state_dict`` of :class:`~.engine.HybridEngine`, mixed into it."""
+def engine_state(engine: Any) -> dict[str, Any]:
+    return {
+        "machine": engine.machine.state_dict(),
+        "policy": engine.policy.state_dict(),
+        "record": engine.record.state_dict(),
+        # quiet steps not read yet: the components' states do not hold them; a resumed run learns from them next
+        "deferred": [d.to_dict() for d in engine.deferred],
+        "family": {"name": engine.family.name, **engine.family.state_dict()},
+    }
 
-    def state_dict(self) -> dict[str, Any]:
-        machine, policy = self.machine, self.policy
-        snapshot = self.store.snapshot() if self.store is not None else self._pending_snapshot
-        return {
-            "phase": int(machine.phase),
-            "phase_step": machine.phase_step,
-            "plan": self.plan.to_dict() if self.plan is not None else None,
-            "segment_pos": machine.segment_pos,
-            "horizon": machine.horizon,
-            "consecutive_rollbacks": policy.consecutive_failures,
-            "prediction_off": policy.prediction_off,
-            "backoff": [policy.declined, policy.backoffs, policy.backoff_until],
-            "lr_ref": list(self.lr_ref),
-            "lr_peak": list(policy.lr_peak),
-            **self.record.state_dict(),
-            "snapshot": snapshot,
-            **({"trajectory": self._rule_state()} if self.rule is not None else {}),
-            # quiet steps not read yet: the components' states do not hold them; a resumed run learns from them next
-            **({"deferred": [d.to_dict() for d in self.deferred]} if self.deferred else {}),
-        }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        machine, policy = self.machine, self.policy
-        machine.phase = Phase(state["phase"])
-        machine.phase_step = int(state["phase_step"])
-        self.plan = Plan.from_dict(state["plan"]) if state["plan"] is not None else None
-        machine.segment_pos = int(state["segment_pos"])
-        machine.horizon = int(state["horizon"])
-        policy.consecutive_failures = int(state["consecutive_rollbacks"])
-        policy.prediction_off = bool(state["prediction_off"])
-        policy.declined, policy.backoffs, policy.backoff_until = (int(v) for v in state["backoff"])
-        self.lr_ref = [float(v) for v in state["lr_ref"]]
-        policy.lr_peak = [float(v) for v in state["lr_peak"]]
-        self.record.load_state_dict(state)
-        self.deferred = [Deferred.from_dict(d) for d in state.get("deferred", [])]
-        if "trajectory" in state:
-            self._load_rule_state(state["trajectory"])
-        if self.store is not None and state["snapshot"] is not None:
-            self.store.load_snapshot(state["snapshot"])
-        elif self.store is not None:
-            self.store.release_snapshot()
-        else:
-            self._pending_snapshot = state["snapshot"]
+def load_engine_state(engine: Any, state: dict[str, Any]) -> None:
+    family = state["family"]
+    if family["name"] != engine.family.name:
+        raise ValueError(
+            f"HybridScheduler: the checkpoint was written by a run of the {family['name']!r} prediction family, but "
+            f"this run's predictor is run by {engine.family.name!r}; resume it with the predictor that wrote it"
+        )
+    engine.machine.load_state_dict(state["machine"])
+    engine.policy.load_state_dict(state["policy"])
+    engine.record.load_state_dict(state["record"])
+    engine.deferred = [Deferred.from_dict(d) for d in state["deferred"]]
+    engine.family.load_state_dict(family)
+
+
+def migrate_v1(state: dict[str, Any], family: Any) -> dict[str, Any]:
+    """A version 1 state in the version 2 layout, for the run's ``family`` (version 1 did not name it)."""
+    try:
+        family_state = family.migrate_v1(state)
+    except ValueError as err:
+        raise ValueError(f"HybridScheduler: the checkpoint cannot resume this {family.name!r} run: {err}") from err
+    counters = dict(state["counters"])
+    if "trajectory" in state:  # outer's jumps were counted as segments, each rejection as one predicted step
+        for old, new in JUMP_COUNTERS.items():
+            counters[new] = counters.pop(old, 0)
+        counters["jumps_rejected"] = counters.pop("predicted_steps_rolled_back", 0)
+    return {
+        "machine": {k: state[k] for k in ("phase", "phase_step", "segment_pos", "horizon")},
+        "policy": {
+            "consecutive_failures": state["consecutive_rollbacks"],
+            "prediction_off": state["prediction_off"],
+            "backoff": state["backoff"],
+            "lr_peak": state["lr_peak"],
+        },
+        "record": {"counters": counters, "errors": state["errors"], "wall_time_s": state["wall_time_s"]},
+        "deferred": state.get("deferred", []),
+        "family": {"name": family.name, **family_state},
+    }

@@ -14,7 +14,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
+import torch
 from torch import Tensor
+
+from lightning_hybrid.stats import sq_norm
 
 TensorGroups = Sequence[Sequence[Tensor]]
 
@@ -40,6 +43,20 @@ class Plan:
     def is_finite(self) -> bool:
         values = [v for row in self.scales for v in row] + self.loss + self.loss_upper + [self.confidence]
         return all(math.isfinite(v) for v in values)
+
+    def fits(self, groups: TensorGroups, directions: TensorGroups, sum_across_ranks: Any) -> bool:
+        """Whether the plan can be applied to parameter ``groups`` along ``directions``: at least one step, finite
+        numbers, a verdict bound for every step, one scale and one direction per group and tensor, of the same
+        shapes, and finite directions on every rank (``sum_across_ranks`` sums their norms over the ranks)."""
+        if self.horizon < 1 or not self.is_finite() or len(self.loss_upper) != self.horizon + 1:
+            return False
+        if len(directions) != len(groups) or any(len(row) != len(groups) for row in self.scales):
+            return False
+        for group, dirs in zip(groups, directions):
+            if [tuple(p.shape) for p in group] != [tuple(d.shape) for d in dirs]:
+                return False
+        norms = sum_across_ranks(torch.stack([sq_norm(list(d)) for d in directions]))
+        return bool(torch.isfinite(norms).all())  # a non-finite shard on any rank invalidates the plan everywhere
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -90,6 +107,7 @@ class Predictor(ABC):
     """
 
     name: ClassVar[str]
+    family: ClassVar[str] = "segments"  # the prediction family that runs per-step predictors: Predict segments
     # whether :meth:`observe` splits into :meth:`track` (on the device, at the step) and :meth:`learn` (on the host,
     # later): the engine then reads the steps it observes once per cycle instead of on every step
     splits_observation: ClassVar[bool] = False

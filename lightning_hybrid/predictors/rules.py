@@ -40,6 +40,7 @@ class TrajectoryRule(ABC):
     """
 
     name: ClassVar[str]
+    family: ClassVar[str]  # the prediction family that runs the rule (``lightning_hybrid.engine.families``)
 
     @abstractmethod
     def setup(self, params: TensorList, keep_jump: bool) -> None:
@@ -77,6 +78,7 @@ class OuterMomentum(TrajectoryRule):
     """
 
     name = "outer"
+    family = "jumps"
 
     def __init__(self, outer_lr: float = 0.7, outer_momentum: float = 0.5) -> None:
         self.outer_lr = check_float("OuterMomentum", "outer_lr", outer_lr, 0.0, 2.0, open_low=True)
@@ -155,6 +157,7 @@ class PrimalAverage(TrajectoryRule):
     """
 
     name = "average"
+    family = "averaging"
 
     def __init__(self, average_x: float = 0.9869, average_y: float = 0.7) -> None:
         self.average_x = check_float("PrimalAverage", "average_x", average_x, 0.0, 1.0 - 1e-12)

@@ -147,8 +147,8 @@ def test_damaged_checkpoint_fails_with_a_clear_error(record_property, tmp_path, 
         _edit_scheduler_state(path, lambda state: state.update(version=99))
         expected = "HybridScheduler: the checkpoint's state has version 99"
     elif damage == "missing key":
-        _edit_scheduler_state(path, lambda state: state.pop("counters"))
-        expected = r"HybridScheduler: the checkpoint's state lacks \['counters'\]"
+        _edit_scheduler_state(path, lambda state: state.pop("record"))
+        expected = r"HybridScheduler: the checkpoint's state lacks \['record'\]"
     else:
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
         expected = "Cannot read the checkpoint .* truncated, damaged or not a checkpoint"

@@ -8,7 +8,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lightning_hybrid import HorizonBandit, ResidualCorrector
+from lightning_hybrid.algorithms import LinUCBHorizons, ResidualCorrection
 from lightning_hybrid.predictors import Plan, UpdateStats, build_predictor
 
 FEATURES = 16
@@ -76,7 +76,7 @@ stats = st.builds(
 
 @given(st.lists(stats, min_size=1, max_size=20), st.lists(finite, min_size=FEATURES, max_size=FEATURES))
 def test_corrector_factors_are_bounded_and_its_state_round_trips(observations, feature_values):
-    corrector = ResidualCorrector(max_correction_factor=2.0, max_residuals=8)
+    corrector = ResidualCorrection(max_correction_factor=2.0, max_residuals=8)
     features = torch.tensor(feature_values).clamp(-5, 5)
     for step, s in enumerate(observations):
         corrector.observe(step, s, features * (step % 3))
@@ -85,7 +85,7 @@ def test_corrector_factors_are_bounded_and_its_state_round_trips(observations, f
     plan = Plan(scales=[[1.0, 1.0]], loss=[1.0, 1.0], loss_upper=[2.0, 2.0], confidence=0.5)
     corrected, _ = corrector.correct(plan, features, len(observations))
     assert corrected.is_finite()
-    again = ResidualCorrector(max_correction_factor=2.0, max_residuals=8)
+    again = ResidualCorrection(max_correction_factor=2.0, max_residuals=8)
     again.load_state_dict(corrector.state_dict())
     assert again.correction(features, len(observations), 2) == (factors, offset)
 
@@ -95,7 +95,7 @@ def test_corrector_factors_are_bounded_and_its_state_round_trips(observations, f
     st.lists(finite, min_size=FEATURES, max_size=FEATURES),
 )
 def test_bandit_scores_stay_finite_on_any_rewards_and_its_state_round_trips(plays, feature_values):
-    bandit = HorizonBandit()
+    bandit = LinUCBHorizons()
     bandit.setup_arms(32, FEATURES)
     features = torch.tensor(feature_values).clamp(-5, 5)
     for arm, reward in plays:
@@ -103,7 +103,7 @@ def test_bandit_scores_stay_finite_on_any_rewards_and_its_state_round_trips(play
     scores = bandit.scores(features)
     assert all(math.isfinite(s) for s in scores) and scores[0] == 0.0
     assert 0 <= bandit.choose(features) < len(bandit.arms)
-    again = HorizonBandit()
+    again = LinUCBHorizons()
     again.setup_arms(32, FEATURES)
     again.load_state_dict(bandit.state_dict())
     assert again.scores(features) == scores

@@ -1,0 +1,81 @@
+"""Quiet steps: guarded on the device and read later, many at once. The engine keeps them here in step order, and
+reads them with one transfer to the host before it learns from each, in order, as if it had read it at once."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lightning_hybrid.engine.record import StepRecord
+from lightning_hybrid.phase import Phase
+from lightning_hybrid.summary import RunCounters
+
+
+@dataclass
+class Deferred:
+    """A quiet step whose reading waits on the device: the engine learns from it, in order, when it next reads."""
+
+    step: StepRecord
+    global_step: int
+    seconds: float
+    lrs: list[float]
+    tracked: Tensor | list[list[float]] | None = None  # the predictor's device half of observing the update
+
+    def to_dict(self) -> dict[str, Any]:
+        step = self.step
+        return {
+            "phase": int(step.phase),
+            "backed_off": step.backed_off,
+            "global_step": self.global_step,
+            "seconds": self.seconds,
+            "lrs": list(self.lrs),
+            "reading": _host(step.reading),
+            "tracked": _host(self.tracked),
+        }
+
+    @classmethod
+    def from_dict(cls, state: dict[str, Any]) -> Deferred:
+        step = StepRecord(
+            phase=Phase(state["phase"]),
+            backed_off=bool(state["backed_off"]),
+            quiet=True,
+            reading=state["reading"],
+            delta_ready=state["tracked"] is not None,  # its update was folded in when it ran
+        )
+        lrs = [float(v) for v in state["lrs"]]
+        return cls(step, int(state["global_step"]), float(state["seconds"]), lrs, state["tracked"])
+
+
+def _host(values: Tensor | list | None) -> list | None:
+    return values.tolist() if isinstance(values, Tensor) else values
+
+
+def _read(values: Tensor | list | None, flat: Iterator[float]) -> list | None:
+    """``values``, a tensor whose numbers come next in ``flat``, as (nested) lists; anything else unchanged."""
+    if not isinstance(values, Tensor):
+        return values
+    taken = [next(flat) for _ in range(values.numel())]
+    return torch.tensor(taken, dtype=torch.float64).view(values.shape).tolist() if values.dim() > 1 else taken
+
+
+def read_all(pending: list[Deferred], counters: RunCounters) -> None:
+    """Bring every pending step's device values to the host in one transfer, and set each step's loss, gradient
+    norm and whether its update was skipped (counted as the guard counts an ordinary step's)."""
+    on_device = [t for d in pending for t in (d.step.reading, d.tracked) if isinstance(t, Tensor)]
+    if on_device:
+        flat = iter(torch.cat([t.flatten() for t in on_device]).tolist())
+        for d in pending:
+            d.step.reading, d.tracked = _read(d.step.reading, flat), _read(d.tracked, flat)
+    for entry in pending:
+        step = entry.step
+        if step.reading is None:
+            step.skipped = True  # the user's training_step skipped the batch
+            continue
+        step.loss, step.grad_norm, nonfinite, outlier = step.reading
+        step.skipped, step.reading = bool(nonfinite or outlier), None
+        counters.nonfinite_steps_skipped += int(bool(nonfinite))
+        counters.outlier_steps_skipped += int(bool(outlier and not nonfinite))

@@ -1,0 +1,214 @@
+"""``outer`` jumps (the SNOO / one-worker DiLoCo outer-momentum rule): every backward pass is kept; each Full cycle
+runs from an anchor, held in the store's buffer, and after it the weights jump along the cycle's displacement. A
+jump is made as the next step starts, judged at that step for divergence, and then by the mean loss of the last
+``verify_window`` steps of the cycle it starts; a rejected jump is subtracted again."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from lightning_hybrid.config import HybridConfig
+from lightning_hybrid.engine.components import Components
+from lightning_hybrid.engine.family import PredictionFamily, register_family
+from lightning_hybrid.engine.record import StepRecord
+from lightning_hybrid.engine.store import copy_
+from lightning_hybrid.phase import Phase
+
+STATE_KEYS = ("started", "jump_due", "pending", "first_check", "reference", "spread", "window", "anchor")
+
+
+@dataclass
+class JumpState:
+    """The family's run state, checkpointed (Python values only, so it resumes exactly)."""
+
+    started: bool = False  # the buffer holds an anchor
+    jump_due: bool = False  # the cycle just ended with a jump to make as the next step starts
+    pending: bool = False  # a jump awaits its delayed verdict
+    first_check: bool = False  # the next ordinary step checks the jump for divergence
+    reference: float = math.nan  # the verification window's mean loss in the cycle before the jump
+    spread: float = 0.0  # and its losses' standard deviation
+    window: deque[float] = field(default_factory=deque)  # this cycle's last losses
+
+
+@register_family
+class OuterJumps(PredictionFamily):
+    """Jumps of an :class:`~lightning_hybrid.predictors.OuterMomentum` rule, with their verdicts (see the module's
+    doc). Holds the anchor in the store's buffer for the run."""
+
+    name = "jumps"
+    keeps_buffer = True
+    gated = False  # every backward pass is kept: the regimes where per-step prediction failed do not apply
+
+    def __init__(self, engine: Any) -> None:
+        super().__init__(engine)
+        self.state = JumpState()
+        self._pending_anchor: list | None = None  # from a checkpoint, until the store exists
+
+    @classmethod
+    def check(cls, config: HybridConfig, parts: Components, sharded: bool) -> None:
+        super().check(config, parts, sharded)
+        window = parts.monitor.verify_window
+        if window > config.full_steps:
+            raise ValueError(
+                f"DivergenceMonitor: `verify_window` must be at most full_steps ({config.full_steps}) with "
+                f"predictor={parts.predictor.name!r}: the window is the end of the cycle after a jump; got {window}."
+            )
+
+    @property
+    def verify_window(self) -> int:
+        return self.engine.parts.monitor.verify_window
+
+    def setup(self, restored: bool) -> None:
+        """Unless a checkpoint has just restored the run's state, start afresh: a new anchor at the next Full step."""
+        store = self.engine.store
+        self.engine.parts.predictor.setup(store.params, keep_jump=self.verify_window > 0)
+        if restored and self._pending_anchor is not None:
+            store.load_buffer(self._pending_anchor)
+        if not restored:
+            self.state = JumpState()
+        self._pending_anchor = None
+        self.state.window = deque(self.state.window, maxlen=max(self.verify_window, 1))
+
+    # -- per step ------------------------------------------------------------------------------------------------
+    def begin_step(self, step: StepRecord) -> bool:
+        """Make the jump the last cycle decided on; or, at the first Full step, take the first anchor."""
+        state, store = self.state, self.engine.store
+        if state.jump_due:
+            self._jump()
+        if step.phase is Phase.FULL and not step.backed_off and not state.started:
+            copy_(store.buffer, store.params)
+            state.started = True
+        return False
+
+    def judge(self, loss: float) -> bool:
+        """The first ordinary step after a jump: undo it at once if it diverged (the step's own update, computed at
+        the rejected point, is skipped)."""
+        if not self.state.first_check:
+            return False
+        self.state.first_check = False
+        reason = self.engine.parts.monitor.diverged(loss)
+        if reason is None:
+            return False
+        self._reject(reason)
+        return True
+
+    def learn(self, step: StepRecord, global_step: int, lrs: list[float], seconds: float, tracked: Any) -> float:
+        """An ordinary step's loss feeds the divergence statistics and the verification window."""
+        if step.phase.ordinary and not step.skipped and math.isfinite(step.loss):
+            self.engine.parts.monitor.observe(step.loss, step.grad_norm)
+            if self.state.started and step.phase is Phase.FULL:
+                self.state.window.append(step.loss)
+        return step.predicted_loss
+
+    # -- the cycle's end -----------------------------------------------------------------------------------------
+    def cycle_end(self) -> None:
+        """Judge the pending jump, then decide on the next one, made as the next step starts (after a rejected
+        one, a cycle runs without, to measure the level afresh)."""
+        state, e = self.state, self.engine
+        if not state.started:
+            return
+        verify = self.verify_window > 0
+        mean = statistics.fmean(state.window) if state.window else math.nan
+        spread = statistics.pstdev(state.window) if len(state.window) > 1 else 0.0
+        state.window.clear()
+        if state.pending:
+            state.pending = False
+            pooled = math.sqrt((state.spread**2 + spread**2) / 2)
+            reason = e.parts.monitor.judge_window(state.reference, mean, pooled)
+            if reason is not None:
+                self._reject(reason)
+                mean = math.nan  # measured with the rejected jump: no reference for the next one
+            else:
+                e.policy.segment_accepted()
+                e.record.counters.jumps_kept += 1
+        state.reference, state.spread = mean, spread
+        off = e.policy.prediction_off or not e.config.enable_prediction or not e.parts.predictor.moves
+        if off or (verify and (not math.isfinite(state.reference) or not self._verdict_in_time())):
+            copy_(e.store.buffer, e.store.params)  # no jump: the next cycle starts from here
+            return
+        state.jump_due = True
+
+    def _jump(self) -> None:
+        """Make the jump decided at the last cycle's end. It waits for the next step to start, so that whatever runs
+        between steps (validation, checkpoints, the end of ``fit``) sees the weights the cycle trained, and a run
+        that ends at a cycle's end hands those back. Parameters frozen or unfrozen in between: no jump."""
+        e, state = self.engine, self.state
+        state.jump_due = False
+        if e.store.trainable_changed():
+            copy_(e.store.buffer, e.store.params)  # the cycle's end will track the new set
+            return
+        e.parts.predictor.jump(e.store.params, e.store.buffer)
+        e.collectives.parameters_changed()
+        e.record.counters.jumps_made += 1
+        e.policy.segment_started()
+        state.pending = state.first_check = self.verify_window > 0
+
+    def _verdict_in_time(self) -> bool:
+        """Whether a jump decided now would get its verdict (at the next cycle's end) before training ends. One that
+        would not is not made: the last validation and the weights ``fit`` hands back are then the same, verified
+        ones, instead of a jump that the end of ``fit`` would have to undo unjudged."""
+        e = self.engine
+        return e.last_step is None or e.global_step + e.config.full_steps <= e.last_step
+
+    def _reject(self, reason: str) -> None:
+        e, state = self.engine, self.state
+        e.parts.predictor.undo(e.store.params, e.store.buffer)
+        e.collectives.parameters_changed()
+        state.pending = state.first_check = False
+        state.reference = math.nan
+        counters = e.record.counters
+        counters.rollbacks += 1
+        counters.jumps_rejected += 1
+        e.count_failure()
+        e.info(f"hybrid: rolled back an outer-momentum jump ({reason})")
+
+    # -- between steps -------------------------------------------------------------------------------------------
+    @property
+    def unverified(self) -> bool:
+        return self.state.pending
+
+    def end_fit(self) -> None:
+        if self.state.pending:
+            self.engine.record.counters.end_of_fit_rollbacks += 1
+            self._reject("fit ended before the jump was verified")
+
+    # -- reporting and state -------------------------------------------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        return {"trajectory_rule": self.engine.parts.predictor.name}
+
+    def state_dict(self) -> dict[str, Any]:
+        state, store = self.state, self.engine.store
+        anchor = self._pending_anchor
+        if state.started and store is not None:
+            anchor = [t.detach().to("cpu", copy=True) for t in store.buffer]
+        values = {k: getattr(state, k) for k in STATE_KEYS[:-2]}
+        return {**values, "window": list(state.window), "anchor": anchor}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Checkpoints are restored before training starts; :meth:`setup` places the anchor then."""
+        window = max(self.verify_window, 1) if self.engine.parts is not None else 1
+        self.state = JumpState(
+            started=bool(state["started"]),
+            jump_due=bool(state["jump_due"]),
+            pending=bool(state["pending"]),
+            first_check=bool(state["first_check"]),
+            reference=float(state["reference"]),
+            spread=float(state["spread"]),
+            window=deque((float(v) for v in state["window"]), maxlen=window),
+        )
+        store, anchor = self.engine.store, state["anchor"]
+        if store is not None and anchor is not None:
+            store.load_buffer(anchor)
+        else:
+            self._pending_anchor = anchor
+
+    @staticmethod
+    def migrate_v1(state: dict[str, Any]) -> dict[str, Any]:
+        trajectory = state.get("trajectory")
+        if trajectory is None:
+            raise ValueError("it was written by a per-step predictor's run; resume it with that predictor")
+        return {"jump_due": False, **{k: trajectory[k] for k in STATE_KEYS if k in trajectory}}

@@ -1,0 +1,205 @@
+"""The contract of a prediction family: one way of moving the weights beyond what the optimizer's steps do, judged
+and undone when it loses. The engine runs the steps, reads and guards them and moves the phase machine; a family
+decides what prediction does around them. Built-in families: per-step Predict segments (``families/segments.py``),
+``outer`` jumps (``families/jumps.py``) and ``average`` (``families/averaging.py``).
+
+A predictor object names its family (its ``family`` attribute); :func:`register_family` makes a new one known. A
+family is built by the engine with an :class:`EngineView`, the part of the engine it may use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar, Protocol
+
+from torch import Tensor
+
+from lightning_hybrid.config import HybridConfig
+from lightning_hybrid.engine.components import Components
+from lightning_hybrid.engine.guard import StepGuard
+from lightning_hybrid.engine.interface import Collectives
+from lightning_hybrid.engine.phases import Due, PhaseMachine
+from lightning_hybrid.engine.policy import PredictionPolicy
+from lightning_hybrid.engine.record import RunRecord, StepRecord
+from lightning_hybrid.engine.store import ParameterStore
+
+
+class EngineView(Protocol):
+    """What a family may use of the engine that runs it: the run's parts, the current step, and two services."""
+
+    config: HybridConfig
+    machine: PhaseMachine
+    policy: PredictionPolicy
+    record: RunRecord
+    parts: Components
+    store: ParameterStore
+    collectives: Collectives
+    step_guard: StepGuard
+    step: StepRecord  # the step running now
+    automatic: bool  # Lightning's automatic optimization
+    global_step: int
+    last_step: int | None  # where training will end, where known
+    world_size: int
+
+    def info(self, message: str) -> None:
+        """Report to the user (rank zero only under Lightning)."""
+
+    def count_failure(self) -> None:
+        """A prediction was undone: count it towards ``max_consecutive_rollbacks`` (and say when that turns
+        prediction off)."""
+
+
+class PredictionFamily:
+    """One way of predicting, as the engine calls it. Every method has a do-nothing default, so a family overrides
+    only what it does; the order of the calls in one optimizer step is:
+
+    1. :meth:`begin_step` (the step's phase is set; a family may move the weights here, before the forward);
+    2. ordinary steps: :meth:`before_update` (the optimizer's pre-step hook), :meth:`judge` (loss and gradient
+       norm read, before the update), :meth:`gradients_taken` (after the backward, before the update),
+       :meth:`after_update` (post-step hook); predicted steps: :meth:`predicted_training_step` and
+       :meth:`predict_step` instead;
+    3. :meth:`step_ended`, then :meth:`learn` (or, for a quiet step, :meth:`track` now and :meth:`learn` later);
+    4. when the phase machine needs a decision: :meth:`cycle_end` (a Full cycle is complete: the verdict on
+       what was predicted, and whether to predict next) or :meth:`phase_done`.
+
+    Between steps: :meth:`validation_start`/:meth:`validation_end`, :meth:`checkpoint_weights`, :meth:`end_fit`.
+    State: :meth:`state_dict`/:meth:`load_state_dict` (Python values and host tensors, checkpointed by the engine).
+    """
+
+    name: ClassVar[str]
+    keeps_buffer: ClassVar[bool] = False  # hold the store's parameter-sized buffer for the whole run
+    gated: ClassVar[bool] = True  # observation waits for the learning-rate gate (``predict_lr_fraction``)
+    chooses_horizons: ClassVar[bool] = False  # a HorizonBandit has something to choose
+    predicts_steps: ClassVar[bool] = False  # enters Predict: steps without a backward pass
+
+    def __init__(self, engine: EngineView) -> None:
+        self.engine = engine
+
+    @classmethod
+    def check(cls, config: HybridConfig, parts: Components, sharded: bool) -> None:
+        """Refuse, with a ``ValueError`` naming the setting, what this family cannot run with (``sharded``: each
+        rank holds only shards of the parameters)."""
+        name = parts.predictor.name
+        if parts.bandit is not None and not cls.chooses_horizons:
+            raise ValueError(
+                f"predictor={name!r} makes no Predict segments, so the HorizonBandit has nothing to choose: remove "
+                "it (`hybrid_callbacks(predictor=..., bandit=False)`, the default for such predictors)."
+            )
+        if config.predict_memory != "none" and not cls.predicts_steps:
+            raise ValueError(
+                f"predict_memory={config.predict_memory!r} frees memory during Predict segments, which "
+                f"predictor={name!r} does not run; use predict_memory='none'."
+            )
+
+    def setup(self, restored: bool) -> None:
+        """The store was (re)built on the trainable tensors: set up on them. ``restored``: a checkpoint's state was
+        loaded since, and the run continues from it; otherwise the family starts afresh."""
+
+    # -- one step ------------------------------------------------------------------------------------------------
+    def begin_step(self, step: StepRecord) -> bool:
+        """A step starts in ``step.phase``. Returns whether it may be quiet: nothing to verify, and what there is to
+        learn from it can wait (guarded on the device, read later with others)."""
+        return False
+
+    def before_update(self) -> None:
+        """Just before the optimizer's update (its pre-step hook)."""
+
+    def judge(self, loss: float) -> bool:
+        """An ordinary step's loss, read before its update (``nan`` if non-finite): the verdict on anything still
+        unverified. Returns whether the step's update must be skipped (its gradient was taken at rejected
+        weights)."""
+        return False
+
+    def gradients_taken(self) -> None:
+        """The backward pass is done and the step will update: the last moment before the optimizer's update."""
+
+    def after_update(self) -> None:
+        """Right after the optimizer's update (its post-step hook; not called when a gradient scaler skipped it)."""
+
+    def step_ended(self, step: StepRecord) -> None:
+        """A step that was read at once (not quiet) has ended, whether or not its update ran."""
+
+    def track(self, step: StepRecord) -> Tensor | None:
+        """A quiet step has ended: fold what must be taken now into device tensors (returned, read later)."""
+        return None
+
+    def skip_tracked(self, tracked: Any) -> None:
+        """A quiet step's tracked values belong to an update the optimizer skipped on the device."""
+
+    def learn(self, step: StepRecord, global_step: int, lrs: list[float], seconds: float, tracked: Any) -> float:
+        """Learn from a finished step, in step order; returns the loss the family expected for it (``nan``)."""
+        return float("nan")
+
+    def cycle_end(self) -> None:
+        """A Full cycle is complete (and the trainable set unchanged): judge and decide."""
+
+    def phase_done(self, due: Due) -> None:
+        """A Predict segment applied its last update, or the Correct steps after it are done."""
+
+    @property
+    def horizon(self) -> int:
+        """The length of the running Predict segment, for the phase machine."""
+        return 0
+
+    # -- predicted steps (families that enter Predict) -----------------------------------------------------------
+    def predicted_training_step(self, run: Callable[[], Any]) -> Any:
+        """``training_step`` on a predicted step; ``run`` calls the module's own."""
+        raise RuntimeError(f"the {self.name!r} family makes no predicted steps")
+
+    def predict_step(self, closure: Callable[[], Any]) -> Any:
+        raise RuntimeError(f"the {self.name!r} family makes no predicted steps")
+
+    # -- between steps -------------------------------------------------------------------------------------------
+    @property
+    def unverified(self) -> bool:
+        """Whether the weights now hold a prediction that no verdict has kept yet."""
+        return False
+
+    def validation_start(self) -> None:
+        """Validation during ``fit`` starts: show the weights validation should see."""
+
+    def validation_end(self) -> None:
+        """Validation ended: put the trained weights back."""
+
+    def checkpoint_weights(self) -> list[tuple[Tensor, Tensor]]:
+        """``(parameter, value)`` pairs a checkpoint's ``state_dict`` holds in place of the trained weights."""
+        return []
+
+    def end_fit(self) -> None:
+        """Training ends, however it ends: undo anything unverified; leave the weights ``fit`` hands back."""
+
+    # -- reporting and state -------------------------------------------------------------------------------------
+    def metrics(self, step: StepRecord) -> dict[str, float]:
+        """The family's ``hybrid/*`` scalars of the step just ended."""
+        return {
+            "hybrid/confidence": self.engine.parts.predictor.confidence(),
+            "hybrid/horizon": 0.0,
+            "hybrid/correction_magnitude": 0.0,
+            "hybrid/uncertainty": self.engine.parts.predictor.uncertainty(),
+        }
+
+    def summary(self) -> dict[str, Any]:
+        """What the family adds to ``hybrid_summary.json``."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    @staticmethod
+    def migrate_v1(state: dict[str, Any]) -> dict[str, Any]:
+        """This family's part of a checkpoint of state version 1, when the engine's state was one flat dictionary;
+        a family added since has none."""
+        raise ValueError("it was written before this prediction family existed")
+
+
+FAMILIES: dict[str, type[PredictionFamily]] = {}
+
+
+def register_family(family: type[PredictionFamily]) -> type[PredictionFamily]:
+    """Make ``family`` known by its ``name`` (usable as a class decorator); a predictor whose ``family`` attribute
+    is that name is run by it."""
+    FAMILIES[family.name] = family
+    return family

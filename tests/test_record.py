@@ -1,0 +1,84 @@
+"""The run record and the deferred steps on their own: what is counted, logged, summarised and checkpointed, and
+how quiet steps read at once come back in order."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+from lightning_hybrid.engine import Deferred, RunRecord, StepRecord
+from lightning_hybrid.engine.deferred import read_all
+from lightning_hybrid.phase import Phase
+from lightning_hybrid.summary import RunCounters
+
+
+def test_steps_are_counted_by_phase_with_their_time():
+    record = RunRecord()
+    for phase, backed_off in [(Phase.WARMUP, False), (Phase.FULL, True), (Phase.PREDICT, False)]:
+        record.count_step(StepRecord(phase=phase, backed_off=backed_off), 0.5)
+    counters = record.counters
+    assert counters.steps_by_phase == {"warmup": 1, "full": 1, "predict": 1, "correct": 0}
+    assert counters.time_by_phase_s["full"] == 0.5 and counters.backed_off_steps == 1
+
+
+def test_the_scalars_keep_the_band_on_the_predicted_loss_and_omit_what_is_unknown():
+    record = RunRecord()
+    predicted = record.metrics(StepRecord(phase=Phase.PREDICT, loss=2.0, band=0.5), predicted_loss=1.8)
+    assert predicted["hybrid/loss_predicted_lower"] == 1.3 and predicted["hybrid/loss_predicted_upper"] == 2.3
+    ordinary = record.metrics(StepRecord(phase=Phase.FULL, loss=2.0, error=0.1), predicted_loss=1.9)
+    assert ordinary["hybrid/loss_predicted_lower"] == ordinary["hybrid/loss_predicted_upper"] == 1.9
+    assert ordinary["hybrid/prediction_error"] == 0.1
+    unknown = record.metrics(StepRecord(phase=Phase.FULL), predicted_loss=math.nan)
+    assert not {"hybrid/loss", "hybrid/loss_predicted", "hybrid/prediction_error"} & set(unknown)
+
+
+def test_the_record_round_trips_and_its_clock_goes_on_from_the_checkpoint():
+    record = RunRecord()
+    record.counters.rollbacks, record.counters.jumps_made = 2, 3
+    record.add_error(0.5)
+    record.start_clock()
+    time.sleep(0.01)
+    state = record.state_dict()
+    again = RunRecord()
+    again.load_state_dict(state)
+    assert again.counters == record.counters and again.errors == record.errors
+    assert again.wall_time() == state["wall_time_s"] >= 0.01  # stopped until training starts again
+    again.start_clock()
+    assert again.wall_time() >= state["wall_time_s"]
+    assert again.summary()["mean_prediction_error"] == 0.5
+
+
+def test_old_counter_keys_load_and_unknown_ones_are_ignored():
+    counters = RunCounters()
+    counters.load({"rollbacks": 4, "no_such_counter": 1})
+    assert counters.rollbacks == 4 and not hasattr(counters, "no_such_counter")
+    assert RunCounters(segments_started=2, jumps_made=3).predictions_made == 5
+
+
+def _quiet(reading, tracked=None) -> Deferred:
+    step = StepRecord(phase=Phase.FULL, quiet=True, reading=reading, delta_ready=tracked is not None)
+    return Deferred(step, 7, 0.1, [0.01], tracked)
+
+
+def test_quiet_steps_are_read_at_once_in_order():
+    pending = [
+        _quiet(torch.tensor([1.5, 2.0, 0.0, 0.0]), torch.tensor([[1.0, 2.0]])),
+        _quiet(torch.tensor([math.nan, 3.0, 1.0, 0.0])),
+        _quiet(torch.tensor([1.0, 99.0, 0.0, 1.0])),
+        _quiet(None),  # the user skipped the batch
+    ]
+    counters = RunCounters()
+    read_all(pending, counters)
+    assert [(d.step.loss, d.step.skipped) for d in pending[:1]] == [(1.5, False)]
+    assert pending[0].step.grad_norm == 2.0 and pending[0].tracked == [[1.0, 2.0]]
+    assert [d.step.skipped for d in pending] == [False, True, True, True]
+    assert counters.nonfinite_steps_skipped == 1 and counters.outlier_steps_skipped == 1
+
+
+def test_a_quiet_step_round_trips_through_a_checkpoint():
+    entry = _quiet(torch.tensor([1.5, 2.0, 0.0, 0.0]), torch.tensor([[1.0, 2.0]]))
+    again = Deferred.from_dict(entry.to_dict())
+    assert again.to_dict() == entry.to_dict()
+    assert again.step.quiet and again.step.delta_ready and again.step.phase is Phase.FULL

@@ -1,0 +1,69 @@
+"""Checkpoints written by earlier layouts of the hybrid state (``tests/data``, written by the code before each
+layout change) resume with this code exactly as the uninterrupted run continues; what they cannot resume is refused
+by name before anything trains."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+from lightning_hybrid import hybrid_callbacks
+from lightning_hybrid.callbacks.base import STATE_VERSION
+from tests.golden import DATA, FIXTURES, REL_TOL, checkpointed_run, differences
+
+
+def _scheduler_state(checkpoint: dict) -> dict:
+    return next(v for k, v in checkpoint["callbacks"].items() if "HybridScheduler" in k)
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURES))
+def test_a_checkpoint_of_an_earlier_layout_resumes_as_the_uninterrupted_run(tmp_path, name):
+    hybrid, model, trainer = FIXTURES[name]
+    old = torch.load(DATA / name, weights_only=False)
+    assert _scheduler_state(old).get("version", 1) < STATE_VERSION  # written before this layout
+    uninterrupted = checkpointed_run(tmp_path / "full", hybrid(), model=model, trainer=trainer)
+    resumed = checkpointed_run(tmp_path / "resumed", hybrid(), DATA / name, model, trainer)
+    # The fixture's floats come from the machine that wrote it; the golden runs compare them bitwise where the
+    # kernels match. Here: every counter and decision exactly, the weights within float rounding across machines.
+    want, got = uninterrupted["behaviour"], resumed["behaviour"]
+    assert not differences(want["summary"], got["summary"], exact_floats=False)
+    assert got["params_norm"] == pytest.approx(want["params_norm"], rel=REL_TOL)
+    assert got["losses"] == pytest.approx(want["losses"][-len(got["losses"]) :], rel=REL_TOL)
+
+
+def test_outer_jumps_counted_as_segments_by_the_old_layout_are_counted_as_jumps(tmp_path):
+    hybrid, model, trainer = FIXTURES["state_v1_engine_outer_pending.ckpt"]
+    old = _scheduler_state(torch.load(DATA / "state_v1_engine_outer_pending.ckpt", weights_only=False))
+    assert old["counters"]["segments_started"] > 0  # the old layout counted jumps as segments
+    summary = checkpointed_run(tmp_path, hybrid(), DATA / "state_v1_engine_outer_pending.ckpt", model, trainer)
+    summary = summary["behaviour"]["summary"]
+    assert summary["segments_started"] == summary["segments_accepted"] == summary["predicted_steps_rolled_back"] == 0
+    assert summary["jumps_made"] == old["counters"]["segments_started"]  # the pending one is rejected at step 34
+    assert summary["jumps_rejected"] == old["counters"]["predicted_steps_rolled_back"] + 1 == summary["rollbacks"]
+
+
+def test_the_state_is_written_in_this_layout(tmp_path):
+    hybrid, model, trainer = FIXTURES["state_v1_engine_outer_pending.ckpt"]
+    checkpointed_run(tmp_path, hybrid(), model=model, trainer=trainer)
+    state = _scheduler_state(torch.load(tmp_path / "ckpt" / "step=30.ckpt", weights_only=False))
+    assert state["version"] == STATE_VERSION == 2
+    assert set(state) == {"version", "machine", "policy", "record", "deferred", "family"}
+    assert state["family"]["name"] == "jumps" and state["family"]["pending"]
+
+
+@pytest.mark.parametrize(
+    ("name", "predictor", "message"),
+    [
+        ("state_v1_engine_outer_pending.ckpt", "linear", "written by a trajectory-rule run"),
+        ("state_v1_mid_segment.ckpt", "outer", "written by a per-step predictor's run"),
+    ],
+)
+def test_an_old_checkpoint_of_another_family_is_refused_by_name(tmp_path, name, predictor, message):
+    from tests.helpers import RegressionModel, hybrid_trainer, loader
+
+    trainer, _ = hybrid_trainer(40, hybrid=hybrid_callbacks(predictor=predictor, bandit=False), logger=False)
+    model = RegressionModel(scheduler=True)
+    with pytest.raises((ValueError, MisconfigurationException), match=message):
+        trainer.fit(model, loader(64, batch_size=32), ckpt_path=DATA / name)
+    assert trainer.global_step == 0
