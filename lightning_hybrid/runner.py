@@ -4,6 +4,7 @@ Lightning and hybrid training with the same seed and report them side by side.""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -12,10 +13,12 @@ from typing import Any, NamedTuple
 import lightning as L
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
+from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig
 
 from lightning_hybrid.callbacks import find_scheduler
 from lightning_hybrid.meter import RunMeter
+from lightning_hybrid.resume import LAST, check_checkpoint, find_checkpoint
 from lightning_hybrid.validation import check_choice
 
 MODES = ("train", "plain", "compare")
@@ -35,6 +38,7 @@ class RunResult:
     backward_skipped_pct: float
     segments: int  # Predict segments started, or outer's jumps
     rollbacks: int
+    resumed_from: str | None = None  # the checkpoint the run went on from
 
 
 def _build(node: Any, **kwargs: Any) -> Any:
@@ -66,23 +70,43 @@ def build_run(cfg: DictConfig, hybrid: bool, extra_callbacks: Sequence[L.Callbac
     data = _build(cfg.data)
     model = _build(cfg.model)
     meter = RunMeter()
+    label = "hybrid" if hybrid else "plain"
     callbacks = [_build(node) for node in cfg.get("callbacks", {}).values()] + [meter, *extra_callbacks]
+    checkpoints = [cb for cb in callbacks if isinstance(cb, ModelCheckpoint)]
+    for checkpoint in checkpoints:  # each run of mode=compare keeps its own
+        checkpoint.dirpath = os.path.join(checkpoint.dirpath, label) if checkpoint.dirpath else None
     if hybrid:
         callbacks += _build(cfg.hybrid, predictor=_build(cfg.predictor))
-    label = "hybrid" if hybrid else "plain"
     logger = _build(cfg.logger, version=label) if cfg.get("logger") else False
     trainer = _build(
         cfg.trainer,
         strategy=strategy if hybrid else PLAIN_STRATEGY[strategy],
         callbacks=callbacks,
         logger=logger,
+        enable_checkpointing=bool(checkpoints),
     )
     return Run(trainer, model, data, meter)
 
 
-def _fit(cfg: DictConfig, label: str, run: Run) -> RunResult:
+def _checkpoint(cfg: DictConfig, label: str, run: Run) -> Path | None:
+    """The checkpoint this run resumes from (``ckpt_path``), checked against the run before anything trains."""
+    if cfg.get("ckpt_path") is None:
+        return None
+    if cfg.mode == "compare" and cfg.ckpt_path != LAST:
+        raise ValueError(
+            f"ckpt_path={cfg.ckpt_path!r}: mode=compare resumes its plain and hybrid runs each from its own "
+            "checkpoints; use ckpt_path=last (with run_dir=<the compare run's folder>)"
+        )
+    path = find_checkpoint(cfg.ckpt_path, label, cfg.get("run_dir"), cfg.paths.runs_dir, cfg.paths.output_dir)
+    check_checkpoint(path, run.model, hybrid=label == "hybrid")
+    return path
+
+
+def _fit(cfg: DictConfig, label: str, run: Run, ckpt_path: Path | None) -> RunResult:
     trainer, model, data, meter = run
-    trainer.fit(model, data)
+    if ckpt_path is not None:
+        print(f"{label}: resuming from {ckpt_path}")
+    trainer.fit(model, data, ckpt_path=ckpt_path, weights_only=True)  # a checkpoint runs no pickled code
     val = trainer.validate(model, data, verbose=False)[0].get(cfg.monitor) if cfg.validate else None
     scheduler = find_scheduler(trainer)
     return RunResult(
@@ -95,6 +119,7 @@ def _fit(cfg: DictConfig, label: str, run: Run) -> RunResult:
         backward_skipped_pct=scheduler.counters.backward_skipped_pct if scheduler else 0.0,
         segments=scheduler.counters.predictions_made if scheduler else 0,
         rollbacks=scheduler.counters.rollbacks if scheduler else 0,
+        resumed_from=None if ckpt_path is None else str(ckpt_path),
     )
 
 
@@ -127,12 +152,15 @@ def run(cfg: DictConfig) -> float | None:
     """Train as ``cfg.mode`` says; return the validation ``monitor`` value of the (hybrid) run, for sweepers."""
     check_choice("app", "mode", cfg.mode, MODES)
     if cfg.mode != "compare":
-        result = _fit(cfg, cfg.mode, build_run(cfg, hybrid=cfg.mode == "train"))
+        label = "hybrid" if cfg.mode == "train" else "plain"
+        one = build_run(cfg, hybrid=cfg.mode == "train")
+        result = _fit(cfg, cfg.mode, one, _checkpoint(cfg, label, one))
         if result.val_loss is not None:
             print(f"final {cfg.monitor}: {result.val_loss:.4f}")
         return result.val_loss
     runs = {label: build_run(cfg, hybrid=label == "hybrid") for label in ("plain", "hybrid")}  # validate both first
-    results = {label: _fit(cfg, label, r) for label, r in runs.items()}
+    resume = {label: _checkpoint(cfg, label, r) for label, r in runs.items()}
+    results = {label: _fit(cfg, label, r, resume[label]) for label, r in runs.items()}
     table = comparison_table(results["plain"], results["hybrid"])
     print(table)
     out = Path(cfg.paths.output_dir)

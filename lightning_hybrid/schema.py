@@ -15,6 +15,7 @@ from dataclasses import field, fields, make_dataclass
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 
 from lightning_hybrid.callbacks import SETTING_OWNERS, hybrid_callbacks, settings_of
 from lightning_hybrid.predictors import PREDICTORS, init_chain
@@ -86,9 +87,16 @@ PREDICTOR_SETTINGS = {
 }
 
 
+def share(total: int, parts: int) -> int | None:
+    """``${share:total,parts}`` in the configs: ``total // parts``, at least 1; ``None`` when ``total`` is not a
+    step count (``max_steps: -1`` trains by epochs)."""
+    return max(1, int(total) // int(parts)) if int(total) > 0 else None
+
+
 def register_configs() -> None:
     """Store the schemas where the YAML configs extend them: ``hybrid/hybrid_schema`` and
-    ``predictor/<name>_schema``."""
+    ``predictor/<name>_schema``; register the ``share`` resolver."""
+    OmegaConf.register_new_resolver("share", share, replace=True)
     store = ConfigStore.instance()
     store.store(group="hybrid", name="hybrid_schema", node=HybridSettings)
     for name, schema in PREDICTOR_SETTINGS.items():

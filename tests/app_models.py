@@ -34,3 +34,29 @@ class UserData(L.LightningDataModule):
 
     def val_dataloader(self):
         return DataLoader(self.data, batch_size=64)
+
+
+class KillAt(L.Callback):
+    """Kills its own process with SIGKILL as step ``step`` starts: a run that dies mid-way, with no chance to save
+    or clean up (the checkpoint of the step before is on disk, written when that step ended)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.step:
+            import os
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class StopAt(L.Callback):
+    """Stops training after step ``step``, as a run cut short would (``EarlyStopping``, ``max_time``)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            trainer.should_stop = True

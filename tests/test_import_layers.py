@@ -31,7 +31,7 @@ LAYERS = [
     ("engine", ("engine",)),
     ("strategy", ("strategy", "fsdp", "registry")),
     ("callbacks", ("callbacks", "meter")),
-    ("app", ("schema", "runner", "train", "demos", "__init__")),
+    ("app", ("schema", "runner", "resume", "train", "demos", "__init__")),
 ]
 
 

@@ -1,11 +1,15 @@
-"""What the demo DataModules share: ``SplitData``, a checked train/validation split served by seeded loaders, and
-``TokenWindows``, next-token windows over a sequence of ids."""
+"""What the demo DataModules share: ``SplitData``, a checked train/validation split served by seeded loaders that
+resume mid-epoch, and ``TokenWindows``, next-token windows over a sequence of ids."""
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, RandomSampler, Sampler
 
 
 class SplitData(L.LightningDataModule):
@@ -23,8 +27,7 @@ class SplitData(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         hp = self.hparams
-        generator = torch.Generator().manual_seed(hp.seed)
-        return DataLoader(self.train_set, hp.batch_size, shuffle=True, generator=generator, num_workers=hp.num_workers)
+        return ResumableLoader(self.train_set, hp.batch_size, seed=hp.seed, num_workers=hp.num_workers)
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_set, self.hparams.batch_size, num_workers=self.hparams.num_workers)
@@ -42,3 +45,67 @@ class TokenWindows(Dataset):
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         chunk = self.ids[i * self.seq_len : (i + 1) * self.seq_len + 1]
         return chunk[:-1], chunk[1:]
+
+
+class EpochOrder(RandomSampler):
+    """torch's shuffled order for ``DataLoader(shuffle=True, generator=...)``, which also remembers the generator's
+    state where each epoch's permutation starts, so that a run can resume mid-epoch (:meth:`resume`)."""
+
+    def __init__(self, dataset: Dataset, seed: int) -> None:
+        super().__init__(dataset, generator=torch.Generator().manual_seed(seed))
+        self.epoch_start = self.generator.get_state()
+        self.pending: tuple[torch.Tensor, int] | None = None  # a resumed epoch's start, and the indices it read
+
+    def __iter__(self) -> Iterator[int]:
+        skip = 0
+        if self.pending is not None:  # after the loader drew its base seed, as the interrupted epoch did
+            state, skip = self.pending
+            self.generator.set_state(state)
+            self.pending = None
+        self.epoch_start = self.generator.get_state()
+        yield from itertools.islice(super().__iter__(), skip, None)
+
+    def resume(self, epoch_start: torch.Tensor, skip: int) -> None:
+        """The next epoch is the one that started at ``epoch_start``, ``skip`` indices in."""
+        self.pending = (epoch_start, skip)
+
+
+class ResumableLoader(DataLoader):
+    """Shuffled batches in :class:`EpochOrder`, which resume mid-epoch exactly: Lightning saves :meth:`state_dict`
+    in every checkpoint and loads it before the epoch goes on (a loader with a length is not read ahead, so the
+    batches served are the batches trained on). The same batches as ``DataLoader(shuffle=True, generator=...)``. A
+    sampler Lightning injects (a distributed one) is used as given, without resuming."""
+
+    def __init__(
+        self, dataset: Dataset, batch_size: int, seed: int = 0, sampler: Sampler | None = None, **kwargs: Any
+    ) -> None:
+        self.order = sampler if sampler is not None else EpochOrder(dataset, seed)
+        if isinstance(self.order, EpochOrder):
+            kwargs["generator"] = self.order.generator
+        super().__init__(dataset, batch_size, sampler=self.order, **kwargs)
+        self.served = 0  # batches of the current epoch handed out
+
+    def __iter__(self) -> Iterator[Any]:
+        pending = getattr(self.order, "pending", None)
+        self.served = pending[1] // self.batch_size if pending else 0
+        for batch in super().__iter__():
+            self.served += 1
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        if not isinstance(self.order, EpochOrder):
+            return {}
+        return {"generator": self.order.epoch_start, "served": self.served}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not state or not isinstance(self.order, EpochOrder):
+            return
+        if state["served"] < len(self):
+            self.order.resume(state["generator"], state["served"] * self.batch_size)
+            return
+        # The epoch was over: draw its batches again as Lightning drew them (it stops at the loader's length, so a
+        # shuffle that ends on a full batch never asks the sampler for more), and the next epoch starts as it would.
+        self.order.generator.set_state(state["generator"])
+        batches = iter(self.batch_sampler)
+        for _ in range(len(self)):
+            next(batches)
