@@ -27,6 +27,8 @@ class RunCounters:
     jumps_made: int = 0  # outer's jumps along the trajectory
     jumps_kept: int = 0
     jumps_rejected: int = 0  # counted in `rollbacks` too
+    searches: int = 0  # probe-verified line searches
+    search_steps: int = 0  # repetitions of an update they kept
     invalid_plans: int = 0
     end_of_fit_rollbacks: int = 0  # segments still unverified when training ended
     nonfinite_steps_skipped: int = 0
@@ -39,8 +41,8 @@ class RunCounters:
 
     @property
     def predictions_made(self) -> int:
-        """Segments started and jumps made: the predictions a run made, whatever its family."""
-        return self.segments_started + self.jumps_made
+        """Segments started, jumps made and search steps kept: the predictions a run made, whatever its family."""
+        return self.segments_started + self.jumps_made + self.search_steps
 
     @property
     def backward_skipped_pct(self) -> float:
@@ -71,7 +73,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         + ", ".join(f"{k} {v}" for k, v in steps.items())
         + f" | backward skipped {summary['backward_skipped_pct']:.1f}%",
         f"hybrid: {summary['rollbacks']} rollbacks of {summary['segments_started']} predict segments and "
-        f"{summary['jumps_made']} jumps"
+        f"{summary['jumps_made']} jumps; {summary['search_steps']} steps kept by {summary['searches']} searches"
         f" | {summary['nonfinite_steps_skipped']} non-finite and {summary['outlier_steps_skipped']} exploding-gradient"
         f" steps skipped | {summary['backed_off_steps']} steps backed off",
         f"hybrid: wall {summary['wall_time_s']:.1f}s | " + ", ".join(f"{k} {v:.1f}s" for k, v in times.items()),

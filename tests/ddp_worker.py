@@ -18,7 +18,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_hybrid import HybridDDPStrategy, HybridFSDPStrategy, hybrid_callbacks
-from lightning_hybrid.predictors import OuterMomentum, PrimalAverage
+from lightning_hybrid.predictors import LineSearch, OuterMomentum, PrimalAverage
 from tests.helpers import (
     FAST,
     FAST_PHASES,
@@ -32,6 +32,7 @@ from tests.helpers import (
 from tests.test_resume import LEARNED, _callbacks
 
 RULES = {"outer": OuterMomentum, "average": PrimalAverage}
+SEARCH = {"every": 4, "max_interval": 16}  # a search every 4 steps while they pay
 STRATEGIES = {
     "ddp": HybridDDPStrategy,
     "fsdp": HybridFSDPStrategy,
@@ -63,6 +64,8 @@ def main(out_dir: str, kind: str, nodes: int = 1, resume: str | None = None) -> 
         callbacks = _callbacks("exploding")
     elif kind in RULES:
         callbacks = hybrid_callbacks(predictor=RULES[kind](), **RULE_PHASES)
+    elif kind == "search":
+        callbacks = hybrid_callbacks(predictor=LineSearch(**SEARCH), warmup_steps=5)
     else:  # a learned predictor with the bandit timing steps in wall-clock seconds, which differ per rank
         callbacks = hybrid_callbacks(predictor=kind, **FAST_PHASES, **LEARNED[kind])
     extra: list[L.Callback] = [record]
@@ -79,7 +82,7 @@ def main(out_dir: str, kind: str, nodes: int = 1, resume: str | None = None) -> 
         logger=False,
         default_root_dir=out_dir,
     )
-    model = RegressionModel(scheduler=True, optimizer=optimizer or "adam")
+    model = RegressionModel(scheduler=True, optimizer=optimizer or "adam", lr=1e-3 if kind == "search" else 1e-2)
     ckpt_path = resume if resume not in (None, "save") else None
     trainer.fit(model, loader(512, batch_size=16), ckpt_path=ckpt_path)  # 16 steps per epoch and rank
     scheduler = scheduler_of(trainer)
@@ -90,7 +93,7 @@ def main(out_dir: str, kind: str, nodes: int = 1, resume: str | None = None) -> 
             "first_batch": record.first_batch,
             "params": flat_params(model),
             "local_numel": sum(t.numel() for g in scheduler.predictor.predictor.directions() for t in g)
-            if kind not in RULES
+            if kind not in (*RULES, "search")
             else None,
             "summary": scheduler.summary(),
             "monitor": scheduler.monitor.state_dict(),

@@ -31,6 +31,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_hybrid import hybrid_callbacks
+from lightning_hybrid.predictors import LineSearch
 from tests.helpers import RegressionModel, flat_params, hybrid_trainer, loader, phases, scheduler_of
 from tests.test_resume import _callbacks
 
@@ -42,6 +43,7 @@ REL_TOL = 1e-4  # floats on another platform: observed differences are below 3e-
 OUTER = dict(predictor="outer", warmup_steps=4, full_steps=6, verify_window=3)  # a jump every 6 steps after 4
 OUTER_REJECTING = dict(OUTER, outer_lr=1.5, outer_momentum=0.6)  # jumps rejected at once and after a delay
 AVERAGE = dict(predictor="average", warmup_steps=4, full_steps=6, average_x=0.9, average_y=0.7)
+SEARCH = dict(predictor=LineSearch(every=4, max_interval=16), warmup_steps=5)  # searches kept at a low rate
 QUIET_LOGS = {"log_every_n_steps": 7}  # quiet steps are read at logging steps: most checkpoints hold unread ones
 
 
@@ -185,6 +187,7 @@ def scenarios(root: Path) -> dict[str, Callable[[], dict]]:
         "outer_rejecting": lambda: _rule(OUTER_REJECTING),
         "outer_unverified": lambda: _rule(dict(OUTER, verify_window=0)),
         "average": lambda: _rule(AVERAGE),
+        "search": lambda: _rule(SEARCH, lr=1e-3),
         "resume_mid_segment": lambda: _resume(root / "resume", lambda: _callbacks("exploding", "offload"), 14),
         "resume_outer_pending": lambda: _resume(
             root / "outer", lambda: hybrid_callbacks(**OUTER_REJECTING), 30, lr=3e-2

@@ -164,9 +164,14 @@ def test_predictor_configs_carry_the_constructor_defaults(tmp_path, name):
         assert getattr(predictor, setting) == getattr(reference, setting), setting
 
 
-@pytest.mark.parametrize("experiment", ["char_gpt", "digits_cnn", "word_lstm"])
-def test_each_example_runs_as_a_hydra_experiment(tmp_path, experiment):
+TINY_FINETUNE = ["model.pretrain_steps=5", "model.n_layer=1", "model.n_embd=32"]
+
+
+@pytest.mark.parametrize("experiment", ["char_gpt", "digits_cnn", "word_lstm", "finetune_lora", "finetune_full"])
+def test_each_example_runs_as_a_hydra_experiment(tmp_path, experiment, monkeypatch):
+    monkeypatch.setenv("LIGHTNING_HYBRID_CACHE", str(tmp_path / "cache"))  # a pretraining of 5 steps, kept here
     overrides = [f"experiment={experiment}", "trainer.max_steps=8", "trainer.limit_val_batches=2"]
+    overrides += ["trainer.val_check_interval=4", *TINY_FINETUNE] if experiment.startswith("finetune") else []
     base = TRAINER + PHASES + (SMALL_GPT if experiment == "char_gpt" else [])
     val = run(app_config(tmp_path, *overrides, base=base))
     assert val is not None and val > 0

@@ -1,6 +1,7 @@
 """The example scripts train end to end (a few steps here; the README runs them in full), on local data."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -59,10 +60,12 @@ def test_digits_split_is_seeded_and_disjoint():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script", ["digits_cnn", "word_lstm"])
+@pytest.mark.parametrize("script", ["digits_cnn", "word_lstm", "finetune"])
 def test_other_example_scripts_run(tmp_path, script):
     cmd = [sys.executable, "-m", f"examples.{script}", "--max-steps", "20", "--root", str(tmp_path)]
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    cmd += ["--pretrain-steps", "5"] if script == "finetune" else []  # a quick pretraining, cached in tmp_path
+    env = {**os.environ, "LIGHTNING_HYBRID_CACHE": str(tmp_path / "cache")}
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "final val_loss" in out.stdout
     (summary,) = tmp_path.rglob("hybrid_summary.json")

@@ -9,14 +9,12 @@ uninterrupted run would.
 from __future__ import annotations
 
 import json
-import math
 import os
 from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
-from torch import nn
 from torch.optim import Optimizer
 from typing_extensions import override
 
@@ -25,6 +23,8 @@ from lightning_hybrid.callbacks.base import HybridComponent
 from lightning_hybrid.callbacks.corrector import ResidualCorrector
 from lightning_hybrid.callbacks.monitor import DivergenceMonitor
 from lightning_hybrid.callbacks.predictor import DynamicsPredictor
+from lightning_hybrid.callbacks.probe import ProbeLoss
+from lightning_hybrid.callbacks.wiring import find_component, last_step, refuse_sparse_gradients
 from lightning_hybrid.config import HybridConfig
 from lightning_hybrid.engine import Components, HybridEngine, family_of
 from lightning_hybrid.phase import Phase
@@ -34,45 +34,6 @@ from lightning_hybrid.tensorboard import write_phase_curves_layout
 SUMMARY_FILENAME = "hybrid_summary.json"
 UNVERIFIED_KEY = "hybrid_unverified_segment"  # a checkpoint's top-level flag: written inside an unverified segment
 CURRENT_KEY = "current_model_state"  # predictor="average": the trained weights, beside the averaged state_dict
-
-
-def _one(trainer: pl.Trainer, scheduler: HybridScheduler, kind: type, default: bool) -> Any:
-    """The trainer's ``kind`` component. A missing required one is built with its defaults and placed right after
-    the scheduler, so that Lightning runs its hooks and checkpoints it like any listed callback: a config file
-    (LightningCLI) needs only the strategy and the scheduler. Two of a kind are refused."""
-    matches = [cb for cb in trainer.callbacks if isinstance(cb, kind)]
-    if len(matches) > 1:
-        present = sorted(type(cb).__name__ for cb in trainer.callbacks if isinstance(cb, HybridComponent))
-        raise MisconfigurationException(
-            f"HybridScheduler takes at most one {kind.__name__} callback, found {len(matches)} "
-            f"(hybrid callbacks present: {present})."
-        )
-    if matches or not default:
-        return matches[0] if matches else None
-    component = kind()
-    trainer.callbacks.insert(trainer.callbacks.index(scheduler) + 1, component)
-    rank_zero_info(f"hybrid: no {kind.__name__} among the callbacks; using one with its default settings")
-    return component
-
-
-def _refuse_sparse_gradients(module: pl.LightningModule) -> None:
-    """The engine's fused norms and update capture need dense gradients."""
-    sparse = [
-        f"{name}.weight" if name else "weight"
-        for name, m in module.named_modules()
-        if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse
-    ]
-    if sparse:
-        raise MisconfigurationException(
-            f"Hybrid training needs dense gradients, but {sparse} would get sparse ones (`sparse=True` on the "
-            "embedding). Build the embedding with sparse=False, or train this model without the hybrid callbacks."
-        )
-
-
-def _last_step(trainer: pl.Trainer) -> int | None:
-    """The global step at which ``fit`` will end, from ``max_steps`` or the epochs; ``None`` where it is open."""
-    total = trainer.estimated_stepping_batches
-    return int(total) if math.isfinite(total) else None
 
 
 class HybridScheduler(HybridComponent):
@@ -97,6 +58,7 @@ class HybridScheduler(HybridComponent):
         self.predictor: DynamicsPredictor | None = None
         self.monitor: DivergenceMonitor | None = None
         self.bandit: HorizonBandit | None = None
+        self.probe: ProbeLoss | None = None
         self._strategy: Any = None
         self._hooks: list[Any] = []
         self._in_step = False
@@ -118,10 +80,10 @@ class HybridScheduler(HybridComponent):
         super().setup(trainer, pl_module, stage)
         if stage != "fit":
             return
-        self.predictor = _one(trainer, self, DynamicsPredictor, default=True)
-        corrector = _one(trainer, self, ResidualCorrector, default=True)
-        self.monitor = _one(trainer, self, DivergenceMonitor, default=True)
-        self.bandit = _one(trainer, self, HorizonBandit, default=False)  # only where listed
+        self.predictor = find_component(trainer, self, DynamicsPredictor, default=True)
+        corrector = find_component(trainer, self, ResidualCorrector, default=True)
+        self.monitor = find_component(trainer, self, DivergenceMonitor, default=True)
+        self.bandit = find_component(trainer, self, HorizonBandit, default=False)  # only where listed
         if not any(p.requires_grad for p in pl_module.parameters()):
             raise ValueError(
                 f"{type(pl_module).__name__} has no trainable parameters (none with requires_grad=True); "
@@ -134,10 +96,15 @@ class HybridScheduler(HybridComponent):
             )
         bandit = self.bandit.horizons if self.bandit is not None else None
         host = self.predictor
-        parts = Components(host.predictor, host.encoder, corrector.correction, self.monitor.divergence, bandit)
-        try:
-            family_of(host.predictor).check(self.config, parts, trainer.strategy.sharded)
-        except ValueError as err:  # refused by name, before anything trains
+        try:  # the family that runs the predictor, and what it cannot run with, refused by name before training
+            family = family_of(host.predictor)
+            self.probe = ProbeLoss(getattr(host.predictor, "probe_batches", 1)) if family.needs_probe else None
+            if self.probe is not None:
+                self.probe.attach(trainer)
+            monitor = self.monitor.divergence
+            parts = Components(host.predictor, host.encoder, corrector.correction, monitor, bandit, self.probe)
+            family.check(self.config, parts, trainer.strategy.sharded)
+        except ValueError as err:
             raise MisconfigurationException(str(err)) from err
         self.engine.connect(parts)
         self._strategy = trainer.strategy
@@ -150,7 +117,7 @@ class HybridScheduler(HybridComponent):
                 f"Hybrid training supports exactly one optimizer (several param groups are fine); "
                 f"`configure_optimizers` returned {len(trainer.optimizers)}."
             )
-        _refuse_sparse_gradients(pl_module)
+        refuse_sparse_gradients(pl_module)
         optimizer = trainer.optimizers[0]
         self.engine.bind(
             optimizer,
@@ -160,7 +127,7 @@ class HybridScheduler(HybridComponent):
             global_step=trainer.global_step,
             world_size=trainer.world_size,
             buffers=list(pl_module.buffers()),
-            last_step=_last_step(trainer),
+            last_step=last_step(trainer),
         )
         self._hooks = [
             optimizer.register_step_pre_hook(self._before_optimizer_step),
@@ -180,6 +147,8 @@ class HybridScheduler(HybridComponent):
         if self._in_step:
             return  # another micro-batch of an accumulated step
         self._in_step = True
+        if self.probe is not None:
+            self.probe.offer(batch)  # the probe holds the run's first batches
         self.engine.begin_step()
 
     @override
@@ -275,11 +244,13 @@ class HybridScheduler(HybridComponent):
 
     @override
     def _state(self) -> dict[str, Any]:
-        return self.engine.state_dict()
+        return {**self.engine.state_dict(), **({"probe": self.probe.state_dict()} if self.probe else {})}
 
     @override
     def _load(self, state: dict[str, Any]) -> None:
         self.engine.load_state_dict(state)
+        if self.probe is not None:
+            self.probe.load_state_dict(state["probe"])
 
     @override
     def _migrate(self, state: dict[str, Any], version: int) -> dict[str, Any]:

@@ -70,13 +70,25 @@ class Bandit(Protocol):
     def abort(self) -> None: ...
 
 
+class Probe(Protocol):
+    """A fixed set of batches and the model's loss on them at the current weights, agreed over ranks (the
+    ``HybridScheduler`` holds one for a family that asks for it)."""
+
+    @property
+    def ready(self) -> bool:
+        """Whether the probe holds all its batches."""
+
+    def loss(self) -> float: ...
+
+
 @dataclass
 class Components:
     """The engine's collaborators: a predictor and its state encoder, the corrector, the monitor, and optionally
-    the horizon bandit."""
+    the horizon bandit and a probe."""
 
     predictor: Any  # a Forecaster; the family that runs it needs more (a Predictor, an OuterMomentum, ...)
     encoder: StateEncoder
     corrector: Corrector
     monitor: Monitor
     bandit: Bandit | None = None
+    probe: Probe | None = None

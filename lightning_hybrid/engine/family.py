@@ -71,6 +71,7 @@ class PredictionFamily:
     gated: ClassVar[bool] = True  # observation waits for the learning-rate gate (``predict_lr_fraction``)
     chooses_horizons: ClassVar[bool] = False  # a HorizonBandit has something to choose
     predicts_steps: ClassVar[bool] = False  # enters Predict: steps without a backward pass
+    needs_probe: ClassVar[bool] = False  # reads the loss on a fixed probe (``Components.probe``)
 
     def __init__(self, engine: EngineView) -> None:
         self.engine = engine

@@ -12,11 +12,12 @@ from lightning_hybrid.predictors.linear import LinearPredictor
 from lightning_hybrid.predictors.mlp import MLPPredictor
 from lightning_hybrid.predictors.rssm import RSSMPredictor
 from lightning_hybrid.predictors.rules import OuterMomentum, PrimalAverage, TrajectoryRule
+from lightning_hybrid.predictors.search import LineSearch
 from lightning_hybrid.validation import check_choice
 
 AnyPredictor = Predictor | TrajectoryRule
 PREDICTORS: dict[str, type[AnyPredictor]] = {
-    cls.name: cls for cls in (LinearPredictor, MLPPredictor, RSSMPredictor, OuterMomentum, PrimalAverage)
+    cls.name: cls for cls in (LinearPredictor, MLPPredictor, RSSMPredictor, OuterMomentum, PrimalAverage, LineSearch)
 }
 
 
@@ -37,6 +38,7 @@ __all__ = [
     "AnyPredictor",
     "DirectionPredictor",
     "LearnedPredictor",
+    "LineSearch",
     "LinearPredictor",
     "MLPPredictor",
     "OuterMomentum",
