@@ -20,7 +20,7 @@ import platform
 import re
 import statistics
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,9 +66,9 @@ def fit_measured(cfg: Any, hybrid: bool, callbacks: list[Any] | None = None) -> 
     return trainer, torch.cuda.max_memory_allocated() if cuda else None
 
 
-def fit(cfg: Any, hybrid: bool, stop: Any = None) -> Record:
+def fit(cfg: Any, hybrid: bool, stop: Any = None, callbacks: Sequence[Any] = ()) -> Record:
     recorder = CurveRecorder(cfg.monitor, stop)
-    trainer, peak = fit_measured(cfg, hybrid, [recorder])
+    trainer, peak = fit_measured(cfg, hybrid, [recorder, *callbacks])
     scheduler = find_scheduler(trainer)
     record = Record(recorder.curve, trainer.strategy.root_device.type, trainer.global_step)
     record.peak_cuda_allocated_bytes = peak

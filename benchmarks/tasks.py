@@ -54,6 +54,17 @@ TASKS = {
         {"quick": Length(20, 10, 2), "default": Length(1000, 50, 10), "long": Length(2000, 100, 10)},
         ("model.n_layer=4", "model.n_embd=256"),
     ),
+    # Fine-tuning the char GPT pretrained on the standard library (cached outside the checkout) on Python's
+    # documentation topics: LoRA adapters through peft, or every weight; at 0.44M and (mid) 3.3M parameters
+    **{
+        f"finetune_{mode}{size}": Task(
+            f"finetune_{mode}",
+            {"quick": Length(20, 10, 2), "default": Length(400, 25, 20), "long": Length(1000, 50, 20)},
+            ("model.n_layer=4", "model.n_embd=256") if size else (),
+        )
+        for mode in ("lora", "full")
+        for size in ("", "_mid")
+    },
     # GPT-2 small's shape (12 layers, 768 wide, 12 heads, sequence 256) over bytes: 85M parameters, GPT-2's
     # 124M less its 50,257-token embedding. For a GPU: add `trainer=gpu`.
     "char_gpt_gpt2": Task(

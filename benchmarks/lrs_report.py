@@ -1,0 +1,131 @@
+"""The learning-rate grid's outputs for people: per task, a table of time to target against the learning rate for
+each configuration beside plain at the tuned rate, and a plot of the same (``benchmarks/results/lrs/<task>.md``
+and ``.png``, and ``benchmarks/results/lrs/README.md`` with every task's table).
+
+    python -m benchmarks.lrs report
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from benchmarks.curves import time_to_target, value_at
+from benchmarks.lrs import CONFIGS, LR_TASKS, OUT, SWEEP, _own_lr, _path, _record, tuned
+from benchmarks.report import write_atomic
+
+AXES = {"cpu_s": "CPU time", "backward": "backward passes"}
+
+
+def _ratios(base: Any, other: Any, target: float) -> dict[str, float | None]:
+    """Plain's time (and backward passes) to ``target`` over ``other``'s; ``None`` where ``other`` never got there."""
+    out = {}
+    for axis in AXES:
+        tb = time_to_target(base.curve.axis(axis), base.curve.losses, target)
+        to = time_to_target(other.curve.axis(axis), other.curve.losses, target)
+        out[axis] = tb / to if tb and to else None
+    return out
+
+
+def seed_rows(task: str, lr: float, config: str, best: float) -> list[dict[str, Any]]:
+    """Per seed with results: the configuration against plain at the same rate (``config="tuned"``: plain at the
+    tuned rate against plain at this one)."""
+    rows = []
+    for seed in range(LR_TASKS[task].seeds):
+        base = _path(task, lr, seed, "plain")
+        other = _path(task, best, seed, "plain") if config == "tuned" else _path(task, lr, seed, config)
+        if not (base.exists() and other.exists()):
+            continue
+        b, o = _record(json.loads(base.read_text())), _record(json.loads(other.read_text()))
+        target, steps = b.curve.losses[-1], b.curve.points[-1].step
+        at = value_at([p.step for p in o.curve.points], o.curve.losses, steps)
+        rows.append({"seed": seed, **_ratios(b, o, target), "loss": None if at is None else at / target})
+    return rows
+
+
+def _cell(values: list[float | None], fmt: str = ".2f", suffix: str = "x") -> str:
+    if not values:
+        return "-"
+    known = [v for v in values if v is not None]
+    if len(known) < len(values):
+        return f"not reached in {len(values) - len(known)} of {len(values)}"
+    return f"{statistics.median(known):{fmt}}{suffix} ({min(known):{fmt}}-{max(known):{fmt}})"
+
+
+def task_table(task: str) -> tuple[str, dict[str, dict[float, list[dict]]]]:
+    best, own = tuned(task), _own_lr(task)
+    sweep = {own * f: json.loads(_path(task, own * f, 0, "plain").read_text())["points"][-1]["val_loss"] for f in SWEEP}
+    lines = [
+        f"### {task} ({LR_TASKS[task].steps} steps)",
+        "",
+        "Plain sweep (seed 0), final validation loss: "
+        + ", ".join(f"lr {lr:.3g}: {loss:.4f}" + (" (tuned)" if lr == best else "") for lr, loss in sweep.items()),
+        "",
+        "| lr | configuration | seeds | CPU time to target, plain/config | backward passes to target"
+        " | val loss at equal steps, config/plain |",
+        "|---|---|---|---|---|---|",
+    ]
+    found: dict[str, dict[float, list[dict]]] = {}
+    for lr in (best / 3, best, best * 3):
+        for config in ("tuned", *CONFIGS):
+            rows = seed_rows(task, lr, config, best)
+            if not rows or (config == "tuned" and lr == best):
+                continue
+            found.setdefault(config, {})[lr] = rows
+            name = "plain at the tuned lr" if config == "tuned" else f"`{config}`"
+            rate = f"{lr:.3g}{' (tuned)' if lr == best else ''}"
+            cells = [_cell([r[axis] for r in rows]) for axis in AXES] + [_cell([r["loss"] for r in rows], ".3f", "")]
+            lines.append(f"| {rate} | {name} | {len(rows)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines), found
+
+
+def plot(task: str, found: dict[str, dict[float, list[dict]]], path: Path) -> None:
+    """Time to target (plain/config, CPU time) against the learning rate: each configuration's median with its
+    range over seeds, and plain at the tuned rate as the reference line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for config, by_lr in found.items():
+        lrs = sorted(by_lr)
+        values = [[r["cpu_s"] for r in by_lr[lr] if r["cpu_s"] is not None] for lr in lrs]
+        kept = [(lr, v) for lr, v in zip(lrs, values) if v]
+        if not kept:
+            continue
+        xs = [lr for lr, _ in kept]
+        med = [statistics.median(v) for _, v in kept]
+        low = [m - min(v) for m, (_, v) in zip(med, kept)]
+        high = [max(v) - m for m, (_, v) in zip(med, kept)]
+        style = {"linestyle": "--", "color": "black"} if config == "tuned" else {"marker": "o"}
+        label = "plain at the tuned lr (reference)" if config == "tuned" else config
+        ax.errorbar(xs, med, yerr=[low, high], label=label, capsize=3, **style)
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("learning rate")
+    ax.set_ylabel("time to plain's final loss, plain / config (CPU)")
+    ax.set_title(f"{task}: >1 reaches plain's quality sooner")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report(tasks: list[str]) -> str:
+    sections = []
+    for task in tasks:
+        try:
+            table, found = task_table(task)
+        except (SystemExit, FileNotFoundError):
+            sections.append(f"### {task}\n\nNo sweep yet.")
+            continue
+        write_atomic(OUT / f"{task}.md", table + "\n")
+        if found:
+            plot(task, found, OUT / f"{task}.png")
+        sections.append(table)
+    text = "# Across learning rates\n\n" + __doc__.split("\n\n")[0] + "\n\n" + "\n\n".join(sections) + "\n"
+    write_atomic(OUT / "README.md", text)
+    return text
