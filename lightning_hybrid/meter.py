@@ -14,9 +14,16 @@ from typing_extensions import override
 class RunMeter(Callback):
     """Counts backward passes (``on_before_backward``, which plain and hybrid training both call once per backward)
     and measures training time with validation excluded, as wall time and as this process's CPU time (all
-    threads), which other load on a shared machine distorts far less."""
+    threads), which other load on a shared machine distorts far less. Keeps each validation inside ``fit`` as
+    ``(step, training wall seconds, monitor)``, so a comparison can say when a run first reached a loss.
 
-    def __init__(self) -> None:
+    Args:
+        monitor: the logged validation metric to keep.
+    """
+
+    def __init__(self, monitor: str = "val_loss") -> None:
+        self.monitor = monitor
+        self.validations: list[tuple[int, float, float]] = []
         self.backward_passes = 0
         self.train_seconds = 0.0
         self.train_cpu_seconds = 0.0
@@ -58,8 +65,15 @@ class RunMeter(Callback):
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._paused:
+            value = trainer.callback_metrics.get(self.monitor)
+            if value is not None and not trainer.sanity_checking:
+                self.validations.append((trainer.global_step, self.train_seconds, float(value)))
             self._paused = False
             self._start()
+
+    def first_reached(self, target: float) -> tuple[int, float] | None:
+        """The step and training seconds of the first validation inside ``fit`` at or below ``target``."""
+        return next(((step, s) for step, s, value in self.validations if value <= target), None)
 
     @override
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
@@ -71,6 +85,7 @@ class RunMeter(Callback):
             "backward_passes": self.backward_passes,
             "train_seconds": self.train_seconds,
             "train_cpu_seconds": self.train_cpu_seconds,
+            "validations": [list(v) for v in self.validations],
         }
 
     @override
@@ -78,3 +93,4 @@ class RunMeter(Callback):
         self.backward_passes = int(state["backward_passes"])
         self.train_seconds = float(state["train_seconds"])
         self.train_cpu_seconds = float(state["train_cpu_seconds"])
+        self.validations = [(int(a), float(b), float(c)) for a, b, c in state.get("validations", [])]

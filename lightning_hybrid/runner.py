@@ -39,6 +39,7 @@ class RunResult:
     segments: int  # Predict segments started, or outer's jumps
     rollbacks: int
     resumed_from: str | None = None  # the checkpoint the run went on from
+    reached_plain_at: tuple[int, float] | None = None  # step and training seconds, first at plain's final loss
 
 
 def _build(node: Any, **kwargs: Any) -> Any:
@@ -69,7 +70,7 @@ def build_run(cfg: DictConfig, hybrid: bool, extra_callbacks: Sequence[L.Callbac
     L.seed_everything(cfg.seed, workers=True)
     data = _build(cfg.data)
     model = _build(cfg.model)
-    meter = RunMeter()
+    meter = RunMeter(cfg.monitor)
     label = "hybrid" if hybrid else "plain"
     callbacks = [_build(node) for node in cfg.get("callbacks", {}).values()] + [meter, *extra_callbacks]
     checkpoints = [cb for cb in callbacks if isinstance(cb, ModelCheckpoint)]
@@ -130,6 +131,12 @@ def comparison_table(plain: RunResult, hybrid: RunResult) -> str:
     def num(value: float | None, fmt: str) -> str:
         return "n/a" if value is None else format(value, fmt)
 
+    def reached(result: RunResult) -> str:
+        return "never" if result.reached_plain_at is None else f"{result.reached_plain_at[0]}"
+
+    def reached_s(result: RunResult) -> str:
+        return "never" if result.reached_plain_at is None else f"{result.reached_plain_at[1]:.2f}"
+
     rows = [
         ("training time, wall (s)", num(plain.train_seconds, ".2f"), num(hybrid.train_seconds, ".2f")),
         ("training time, CPU (s)", num(plain.train_cpu_seconds, ".2f"), num(hybrid.train_cpu_seconds, ".2f")),
@@ -139,6 +146,8 @@ def comparison_table(plain: RunResult, hybrid: RunResult) -> str:
         ("backward skipped", "0.0%", f"{hybrid.backward_skipped_pct:.1f}%"),
         ("predict segments or jumps", "-", str(hybrid.segments)),
         ("rollbacks", "-", str(hybrid.rollbacks)),
+        ("at plain's final loss: step", reached(plain), reached(hybrid)),
+        ("at plain's final loss: s", reached_s(plain), reached_s(hybrid)),
     ]
     speedup = plain.train_seconds / hybrid.train_seconds if hybrid.train_seconds > 0 else float("nan")
     lines = [f"{'':26s}{'plain':>12s}{'hybrid':>12s}"] + [f"{a:26s}{b:>12s}{c:>12s}" for a, b, c in rows]
@@ -161,6 +170,11 @@ def run(cfg: DictConfig) -> float | None:
     runs = {label: build_run(cfg, hybrid=label == "hybrid") for label in ("plain", "hybrid")}  # validate both first
     resume = {label: _checkpoint(cfg, label, r) for label, r in runs.items()}
     results = {label: _fit(cfg, label, r, resume[label]) for label, r in runs.items()}
+    target = results["plain"].val_loss
+    for label, result in results.items():  # when each first reached plain's final validation loss, if it did
+        meter = runs[label].meter
+        final = (result.steps, result.train_seconds) if target is not None and result.val_loss <= target else None
+        result.reached_plain_at = meter.first_reached(target) or final if target is not None else None
     table = comparison_table(results["plain"], results["hybrid"])
     print(table)
     out = Path(cfg.paths.output_dir)

@@ -77,6 +77,11 @@ def test_compare_runs_plain_and_hybrid_with_the_same_seed(tmp_path, capsys):
     assert hybrid["backward_passes"] == STEPS - summary["backward_skipped"] < STEPS
     table = capsys.readouterr().out
     assert "backward passes" in table and "speedup (wall time, same steps)" in table
+    assert "at plain's final loss: step" in table and "at plain's final loss: s" in table
+    step, seconds = plain["reached_plain_at"]  # plain reaches its own final loss, by the end at the latest
+    assert 0 < step <= STEPS and 0 < seconds <= plain["train_seconds"]
+    reached = hybrid["reached_plain_at"]
+    assert (reached is None and "never" in table) or 0 < reached[0] <= STEPS
     assert not (tmp_path / "tensorboard" / "plain" / "hybrid_summary.json").exists()
 
 

@@ -172,3 +172,15 @@ def test_engine_state_round_trips_through_its_state_dict():
 def test_the_engine_takes_only_a_validated_config(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         HybridEngine(HybridConfig(**bad))
+
+
+def test_the_run_meter_says_when_a_loss_was_first_reached():
+    from lightning_hybrid import RunMeter
+
+    meter = RunMeter()
+    meter.validations = [(10, 1.0, 2.5), (20, 2.0, 1.9), (30, 3.0, 2.1), (40, 4.0, 1.5)]
+    assert meter.first_reached(2.0) == (20, 2.0) and meter.first_reached(1.5) == (40, 4.0)
+    assert meter.first_reached(1.0) is None
+    again = RunMeter()
+    again.load_state_dict(meter.state_dict())
+    assert again.validations == meter.validations
