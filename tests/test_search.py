@@ -173,3 +173,15 @@ def test_ddp_ranks_decide_alike_and_stay_identical(tmp_path):
     assert not torch.equal(rank0["first_batch"], rank1["first_batch"]), "ranks should see different data"
     assert torch.equal(rank0["params"], rank1["params"])
     assert rank0["summary"]["search_steps"] == rank1["summary"]["search_steps"] > 0
+
+
+def test_manual_optimization_is_refused_by_name_before_training():
+    """The probe runs the module's training_step, which under manual optimization would step the optimizer."""
+    from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+    hybrid, _ = _searching()
+    trainer, _ = hybrid_trainer(10, hybrid=hybrid)
+    model = RegressionModel(automatic=False)
+    with pytest.raises(MisconfigurationException, match="predictor='search' evaluates its probe"):
+        trainer.fit(model, loader())
+    assert model.training_step_calls == 0
