@@ -66,7 +66,7 @@ class HybridEngine:
         self.world_size = 1
         self.deferred: list[Deferred] = []  # quiet steps not read yet, oldest first
         self._restored = False  # a checkpoint was loaded since the last bind
-        self._info, self._warn = info, warn
+        self.info, self._warn = info, warn
 
     # -- wiring --------------------------------------------------------------------------------------------------
     def connect(self, parts: Components) -> None:
@@ -118,8 +118,7 @@ class HybridEngine:
         return True
 
     def end_fit(self) -> None:
-        """Training ends, however: quiet steps not read yet are read, and the family undoes anything unverified, so
-        ``fit`` never hands back weights no verdict has kept."""
+        """Training ends, however: unread quiet steps are read, and the family undoes anything unverified."""
         self.read_deferred()
         if self.store is not None:
             self.family.end_fit()
@@ -129,10 +128,7 @@ class HybridEngine:
             self.store.close()
         self.store = self.step_guard = self.collectives = None
 
-    # -- services the families use -------------------------------------------------------------------------------
-    def info(self, message: str) -> None:
-        self._info(message)
-
+    # -- services the families use (and ``info``, where messages go) ---------------------------------------------
     def count_failure(self) -> None:
         if self.policy.segment_failed():
             self._warn(
@@ -165,11 +161,17 @@ class HybridEngine:
         step.started = time.perf_counter()
 
     def before_optimizer_step(self) -> None:
+        if self.step.capture:  # the family asked for this step's update: the store's buffer holds new - old
+            self.store.before_update()
         self.family.before_update()
 
     def after_optimizer_step(self) -> None:
-        if self.step.quiet:
+        step = self.step
+        if step.quiet:
             self.step_guard.step_done(self.store.optimizer)
+        if step.capture:
+            self.store.after_update()
+            step.delta_ready = True
         self.family.after_update()
 
     def end_step(self, global_step: int) -> float:

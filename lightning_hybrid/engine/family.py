@@ -98,8 +98,9 @@ class PredictionFamily:
 
     # -- one step ------------------------------------------------------------------------------------------------
     def begin_step(self, step: StepRecord) -> bool:
-        """A step starts in ``step.phase``. Returns whether it may be quiet: nothing to verify, and what there is to
-        learn from it can wait (guarded on the device, read later with others)."""
+        """A step starts in ``step.phase``; setting ``step.capture`` asks the engine to capture its update into the
+        store's buffer (``new - old``; ``step.delta_ready`` once done). Returns whether the step may be quiet: nothing
+        to verify, and what there is to learn from it can wait (guarded on the device, read later with others)."""
         return False
 
     def before_update(self) -> None:

@@ -56,16 +56,6 @@ class ProbeSearch(PredictionFamily):
         step.capture = ready and due
         return not step.capture
 
-    def before_update(self) -> None:
-        if self.engine.step.capture:
-            self.engine.store.before_update()
-
-    def after_update(self) -> None:
-        step = self.engine.step
-        if step.capture:
-            self.engine.store.after_update()
-            step.delta_ready = True
-
     def step_ended(self, step: StepRecord) -> None:
         """The search step's update is done: search along it (a skipped update is tried again next step)."""
         if not (step.delta_ready and not step.skipped):

@@ -62,16 +62,6 @@ class PredictSegments(PredictionFamily):
         deferrable = not step.capture or e.parts.predictor.splits_observation
         return step.phase.ordinary and not alive and deferrable
 
-    def before_update(self) -> None:
-        if self.engine.step.capture:
-            self.engine.store.before_update()
-
-    def after_update(self) -> None:
-        step = self.engine.step
-        if step.capture:
-            self.engine.store.after_update()
-            step.delta_ready = True
-
     def judge(self, loss: float) -> bool:
         """The first Correct step: its loss, at the segment's final weights, verifies the segment."""
         e = self.engine
