@@ -218,7 +218,7 @@ def test_sweep_trains_one_baseline_per_seed_for_all_its_settings(tmp_path, monke
         "predictor=average",
     ]
     sweep.main(
-        ["--task", "char_gpt", "--steps", "40", "--seeds", "2", "--out", str(out)]
+        ["--task", "digits_cnn", "--steps", "40", "--seeds", "2", "--out", str(out)]
         + [arg for s in settings for arg in ("--setting", s)]
     )
     assert baselines.count(False) == 2  # one plain run per seed (the warm-up run is hybrid and discarded)
