@@ -12,8 +12,8 @@ Parts, cheap and decisive first: ``sync`` (quiet steps never synchronise, under 
 ``predict_memory`` frees during Predict), ``fp16`` (``16-mixed``: the GradScaler with rollbacks), ``fsdp``
 (``hybrid_fsdp`` on NCCL, where two GPUs are present), ``overheads`` (prediction off, tracking and ``outer`` against
 plain, in one process), and ``gpt2`` (the GPT-2-small-shaped task in bf16 with fused AdamW: plain against the
-defaults and ``outer`` at the task's rate and a third of it, 3 seeds; its length is planned from a measured step
-time and printed first, and its runs carry over calls). Results: ``mechanics.json``, ``overheads.json``,
+defaults, ``outer`` and ``search`` at the task's rate and a third of it, 3 seeds; its length is planned from a
+measured step time and printed first, and its runs carry over calls). Results: ``mechanics.json``, ``overheads.json``,
 ``gpt2.json`` and ``README.md`` in ``--out`` (default ``benchmarks/results/gpu/<date>``; four files, within what the
 device tool brings back). A part that fails is recorded with its error; the others still run.
 """
@@ -166,21 +166,22 @@ def overheads(call: Call) -> dict[str, Any]:
         bench.IDLE_MODES = original
 
 
-GPT2_CONFIGS = {"defaults": [], "outer": ["predictor=outer"]}
+GPT2_CONFIGS = {"defaults": [], "outer": ["predictor=outer"], "search": ["predictor=search"]}
+GPT2_RUNS = 2 * 3 * (1 + len(GPT2_CONFIGS))  # two rates, three seeds, plain and each configuration
 
 
 def gpt2(call: Call, record: dict[str, Any], save: Callable[[], None]) -> dict[str, Any]:
-    """Plain against the defaults and ``outer`` on ``char_gpt_gpt2`` at the task's rate and a third of it, 3
-    seeds. The length is planned on the first call from a measured step time, to fit about 20 minutes of runs."""
+    """Plain against the defaults, ``outer`` and ``search`` on ``char_gpt_gpt2`` at the task's rate and a third of
+    it, 3 seeds. The length is planned on the first call from a measured step time, to fit about 20 minutes of runs."""
     if "plan" not in record:
         probe = call.config("char_gpt_gpt2", 12, [], val_every=12)
         started = time.monotonic()
         fit(probe, hybrid=False)
         per_step = (time.monotonic() - started) / 12
-        steps = 8 if call.dry else int(min(2000, max(200, 20 * 60 / (per_step * 18 * 1.3))))
+        steps = 8 if call.dry else int(min(2000, max(200, 20 * 60 / (per_step * GPT2_RUNS * 1.3))))
         lr = float(probe.model.lr)
         record["plan"] = {"steps": steps, "step_s": per_step, "lrs": [lr, lr / 3], "seeds": 3, "minutes": 0.0}
-        record["plan"]["minutes"] = round(per_step * steps * 18 * 1.3 / 60, 1)
+        record["plan"]["minutes"] = round(per_step * steps * GPT2_RUNS * 1.3 / 60, 1)
         print(
             f"gpt2 plan: {steps} steps a run, {per_step:.3f} s a step, about {record['plan']['minutes']} min",
             flush=True,
