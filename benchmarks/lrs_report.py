@@ -41,7 +41,9 @@ def seed_rows(task: str, lr: float, config: str, best: float) -> list[dict[str, 
         b, o = _record(json.loads(base.read_text())), _record(json.loads(other.read_text()))
         target, steps = b.curve.losses[-1], b.curve.points[-1].step
         at = value_at([p.step for p in o.curve.points], o.curve.losses, steps)
-        rows.append({"seed": seed, **_ratios(b, o, target), "loss": None if at is None else at / target})
+        cost = value_at([p.step for p in o.curve.points], o.curve.axis("cpu_s"), steps)  # probes included
+        row = {"seed": seed, **_ratios(b, o, target), "loss": None if at is None else at / target}
+        rows.append(row | {"cost": None if cost is None else cost / b.curve.points[-1].cpu_s})
     return rows
 
 
@@ -64,8 +66,8 @@ def task_table(task: str) -> tuple[str, dict[str, dict[float, list[dict]]]]:
         + ", ".join(f"lr {lr:.3g}: {loss:.4f}" + (" (tuned)" if lr == best else "") for lr, loss in sweep.items()),
         "",
         "| lr | configuration | seeds | CPU time to target, plain/config | backward passes to target"
-        " | val loss at equal steps, config/plain |",
-        "|---|---|---|---|---|---|",
+        " | val loss at equal steps, config/plain | CPU time at equal steps, config/plain |",
+        "|---|---|---|---|---|---|---|",
     ]
     found: dict[str, dict[float, list[dict]]] = {}
     for lr in (best / 3, best, best * 3):
@@ -76,7 +78,8 @@ def task_table(task: str) -> tuple[str, dict[str, dict[float, list[dict]]]]:
             found.setdefault(config, {})[lr] = rows
             name = "plain at the tuned lr" if config == "tuned" else f"`{config}`"
             rate = f"{lr:.3g}{' (tuned)' if lr == best else ''}"
-            cells = [_cell([r[axis] for r in rows]) for axis in AXES] + [_cell([r["loss"] for r in rows], ".3f", "")]
+            cells = [_cell([r[axis] for r in rows]) for axis in AXES]
+            cells += [_cell([r[key] for r in rows], ".3f", "") for key in ("loss", "cost")]
             lines.append(f"| {rate} | {name} | {len(rows)} | " + " | ".join(cells) + " |")
     return "\n".join(lines), found
 
