@@ -81,7 +81,54 @@ def task_table(task: str) -> tuple[str, dict[str, dict[float, list[dict]]]]:
             cells = [_cell([r[axis] for r in rows]) for axis in AXES]
             cells += [_cell([r[key] for r in rows], ".3f", "") for key in ("loss", "cost")]
             lines.append(f"| {rate} | {name} | {len(rows)} | " + " | ".join(cells) + " |")
+    if "search" in found:
+        lines += ["", *goals(task, found)]
     return "\n".join(lines), found
+
+
+# Issue 32's goals for the candidate default: (what, rate factor, axis, threshold, tasks it applies to or None: all)
+FLOOR_TIME, FLOOR_LOSS, UNDER_TUNED, TUNED = 0.97, 1.005, 1.15, 1.1
+TUNED_TASKS = ("char_gpt", "word_lstm")
+
+
+def _median(rows: list[dict], key: str) -> float | None:
+    """The median over seeds, or ``None`` where a seed never reached the target (or none ran)."""
+    values = [r[key] for r in rows]
+    return statistics.median(values) if values and None not in values else None
+
+
+def goals(task: str, found: dict[str, dict[float, list[dict]]], config: str = "search") -> list[str]:
+    """Each goal of the candidate default at each rate, met or not, from the medians over seeds."""
+    best, lines = tuned(task), []
+    for factor, name in ((1 / 3, "tuned/3"), (1.0, "tuned"), (3.0, "3x tuned")):
+        lr = next((x for x in found.get(config, {}) if abs(x / (best * factor) - 1) < 1e-6), None)
+        rows = found[config][lr] if lr is not None else []
+        if not rows:
+            lines.append(f"- {name}: not measured")
+            continue
+        time, loss = _median(rows, "cpu_s"), _median(rows, "loss")
+        floor = time is not None and time >= FLOOR_TIME and loss is not None and loss <= FLOOR_LOSS
+        said = [f"floor (>= {FLOOR_TIME}x time, <= {FLOOR_LOSS} loss) {'met' if floor else 'NOT met'}"]
+        if factor < 1:
+            said.append(f"under-tuned goal >= {UNDER_TUNED}x {'met' if (time or 0) >= UNDER_TUNED else 'NOT met'}")
+        if factor == 1 and task in TUNED_TASKS:
+            said.append(f"tuned goal >= {TUNED}x {'met' if (time or 0) >= TUNED else 'NOT met'}")
+        for peer in ("ema", "schedulefree"):
+            theirs = found.get(peer, {}).get(lr, [])
+            other = _median(theirs, "cpu_s")
+            if not theirs:
+                continue
+            if other is None or time is None:
+                said.append(f"`{peer}` {_cell([r['cpu_s'] for r in theirs])}")
+            else:
+                side = "ahead of" if time >= other else "behind"
+                said.append(f"{side} `{peer}` ({other:.2f}x) by {max(time, other) / min(time, other):.2f}x")
+        lines.append(
+            f"- {name} ({len(rows)} seeds, time {_cell([r['cpu_s'] for r in rows])}, backward passes "
+            f"{_cell([r['backward'] for r in rows])}, loss "
+            f"{_cell([r['loss'] for r in rows], '.3f', '')}): " + "; ".join(said)
+        )
+    return [f"Goals for `{config}` (medians over seeds; time is CPU time to target, plain/config):", "", *lines]
 
 
 def plot(task: str, found: dict[str, dict[float, list[dict]]], path: Path) -> None:

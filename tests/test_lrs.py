@@ -39,3 +39,25 @@ def test_sweep_grid_and_report_on_a_tiny_task(tiny):
     text = lrs_report.report(["tiny"])
     assert "plain at the tuned lr" in text and "`search`" in text and "`schedulefree`" in text
     assert (tiny / "tiny.md").exists() and (tiny / "tiny.png").stat().st_size > 0
+
+
+def _rows(times: list[float | None], losses: list[float]) -> list[dict]:
+    return [{"cpu_s": t, "backward": t, "loss": v, "cost": 1.0} for t, v in zip(times, losses)]
+
+
+def test_goals_are_judged_on_medians_and_say_what_is_missing(monkeypatch):
+    monkeypatch.setattr(lrs_report, "tuned", lambda task: 0.3)
+    found = {
+        "search": {0.1: _rows([1.2, 1.16, 0.9], [0.99, 0.99, 1.0]), 0.3: _rows([1.0, 0.96, 0.95], [1.0, 1.0, 1.0])},
+        "ema": {0.1: _rows([1.0, 1.1, 1.0], [1.0, 1.0, 1.0]), 0.3: _rows([1.1, 1.2, 1.3], [1.0, 1.0, 1.0])},
+        "schedulefree": {0.1: _rows([None, 1.0, 1.0], [1.1, 1.0, 1.0])},
+    }
+    under, at, above = lrs_report.goals("char_gpt", found)[2:]
+    assert "floor (>= 0.97x time, <= 1.005 loss) met" in under and "under-tuned goal >= 1.15x met" in under
+    assert "ahead of `ema` (1.00x) by 1.16x" in under and "`schedulefree` not reached in 1 of 3" in under
+    assert "floor (>= 0.97x time, <= 1.005 loss) NOT met" in at and "tuned goal >= 1.1x NOT met" in at
+    assert "behind `ema` (1.20x) by 1.25x" in at
+    assert above == "- 3x tuned: not measured"
+    found["search"][0.3] = _rows([1.0, 1.0, 1.0], [1.0, 1.01, 1.01])  # on time, but 1% worse at equal steps
+    assert "floor (>= 0.97x time, <= 1.005 loss) NOT met" in lrs_report.goals("word_lstm", found)[3]
+    assert "tuned goal" not in lrs_report.goals("digits_cnn", found)[3]
