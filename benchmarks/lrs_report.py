@@ -38,12 +38,14 @@ def seed_rows(task: str, lr: float, config: str, best: float) -> list[dict[str, 
         other = _path(task, best, seed, "plain") if config == "tuned" else _path(task, lr, seed, config)
         if not (base.exists() and other.exists()):
             continue
-        b, o = _record(json.loads(base.read_text())), _record(json.loads(other.read_text()))
+        theirs = json.loads(other.read_text())
+        b, o = _record(json.loads(base.read_text())), _record(theirs)
         target, steps = b.curve.losses[-1], b.curve.points[-1].step
         at = value_at([p.step for p in o.curve.points], o.curve.losses, steps)
         cost = value_at([p.step for p in o.curve.points], o.curve.axis("cpu_s"), steps)  # probes included
         row = {"seed": seed, **_ratios(b, o, target), "loss": None if at is None else at / target}
-        rows.append(row | {"cost": None if cost is None else cost / b.curve.points[-1].cpu_s})
+        row["cost"] = None if cost is None else cost / b.curve.points[-1].cpu_s
+        rows.append(row | {"kept": theirs["segments_started"]})  # search: the line-search steps it kept
     return rows
 
 
@@ -126,7 +128,8 @@ def goals(task: str, found: dict[str, dict[float, list[dict]]], config: str = "s
         lines.append(
             f"- {name} ({len(rows)} seeds, time {_cell([r['cpu_s'] for r in rows])}, backward passes "
             f"{_cell([r['backward'] for r in rows])}, loss "
-            f"{_cell([r['loss'] for r in rows], '.3f', '')}): " + "; ".join(said)
+            f"{_cell([r['loss'] for r in rows], '.3f', '')}, "
+            f"steps kept {_cell([r['kept'] for r in rows], '.0f', '')}): " + "; ".join(said)
         )
     return [f"Goals for `{config}` (medians over seeds; time is CPU time to target, plain/config):", "", *lines]
 

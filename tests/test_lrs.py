@@ -42,7 +42,7 @@ def test_sweep_grid_and_report_on_a_tiny_task(tiny):
 
 
 def _rows(times: list[float | None], losses: list[float]) -> list[dict]:
-    return [{"cpu_s": t, "backward": t, "loss": v, "cost": 1.0} for t, v in zip(times, losses)]
+    return [{"cpu_s": t, "backward": t, "loss": v, "cost": 1.0, "kept": 2} for t, v in zip(times, losses)]
 
 
 def test_goals_are_judged_on_medians_and_say_what_is_missing(monkeypatch):
@@ -57,7 +57,7 @@ def test_goals_are_judged_on_medians_and_say_what_is_missing(monkeypatch):
     assert "ahead of `ema` (1.00x) by 1.16x" in under and "`schedulefree` not reached in 1 of 3" in under
     assert "floor (>= 0.97x time, <= 1.005 loss) NOT met" in at and "tuned goal >= 1.1x NOT met" in at
     assert "behind `ema` (1.20x) by 1.25x" in at
-    assert above == "- 3x tuned: not measured"
+    assert "steps kept 2 (2-2)" in under and above == "- 3x tuned: not measured"
     found["search"][0.3] = _rows([1.0, 1.0, 1.0], [1.0, 1.01, 1.01])  # on time, but 1% worse at equal steps
     assert "floor (>= 0.97x time, <= 1.005 loss) NOT met" in lrs_report.goals("word_lstm", found)[3]
     assert "tuned goal" not in lrs_report.goals("digits_cnn", found)[3]
