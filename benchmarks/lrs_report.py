@@ -167,8 +167,27 @@ def plot(task: str, found: dict[str, dict[float, list[dict]]], path: Path) -> No
     plt.close(fig)
 
 
+def idle_cost(found_by_task: dict[str, dict[str, dict[float, list[dict]]]], config: str = "search") -> str:
+    """What ``config`` costs where it steps aside: its runs that kept nothing train plain's exact curve, so their
+    CPU time at equal steps over plain's is the cost of looking (the probe's evaluations, the guard) and noise."""
+    idle = [
+        r["cost"]
+        for found in found_by_task.values()
+        for rows in found.get(config, {}).values()
+        for r in rows
+        if r["kept"] == 0 and r["cost"] is not None
+    ]
+    if not idle:
+        return f"No `{config}` run kept nothing yet."
+    return (
+        f"Where `{config}` kept no step ({len(idle)} runs, every task and rate), it trained plain's curve at "
+        f"{_cell(idle, '.3f', '')} plain's CPU time at equal steps: the cost of searching, with the noise of "
+        "a shared machine."
+    )
+
+
 def report(tasks: list[str]) -> str:
-    sections = []
+    sections, found_by_task = [], {}
     for task in tasks:
         try:
             table, found = task_table(task)
@@ -179,6 +198,8 @@ def report(tasks: list[str]) -> str:
         if found:
             plot(task, found, OUT / f"{task}.png")
         sections.append(table)
-    text = "# Across learning rates\n\n" + __doc__.split("\n\n")[0] + "\n\n" + "\n\n".join(sections) + "\n"
+        found_by_task[task] = found
+    head = "# Across learning rates\n\n" + __doc__.split("\n\n")[0] + "\n\n" + idle_cost(found_by_task)
+    text = head + "\n\n" + "\n\n".join(sections) + "\n"
     write_atomic(OUT / "README.md", text)
     return text

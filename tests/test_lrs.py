@@ -61,3 +61,11 @@ def test_goals_are_judged_on_medians_and_say_what_is_missing(monkeypatch):
     found["search"][0.3] = _rows([1.0, 1.0, 1.0], [1.0, 1.01, 1.01])  # on time, but 1% worse at equal steps
     assert "floor (>= 0.97x time, <= 1.005 loss) NOT met" in lrs_report.goals("word_lstm", found)[3]
     assert "tuned goal" not in lrs_report.goals("digits_cnn", found)[3]
+
+
+def test_the_idle_cost_counts_only_runs_that_kept_nothing():
+    kept = _rows([1.0, 1.0], [1.0, 1.0])
+    idle = [{**r, "kept": 0, "cost": c} for r, c in zip(_rows([1.0] * 3, [1.0] * 3), (1.01, 1.03, 1.02))]
+    text = lrs_report.idle_cost({"a": {"search": {0.1: kept + idle[:1]}}, "b": {"search": {0.3: idle[1:]}}})
+    assert "(3 runs, every task and rate)" in text and "1.020 (1.010-1.030)" in text
+    assert lrs_report.idle_cost({"a": {"search": {0.1: kept}}}) == "No `search` run kept nothing yet."
