@@ -104,6 +104,33 @@ def test_where_searching_does_not_pay_it_backs_off_to_its_longest_interval():
     assert engine.family.interval == rule.max_interval  # 4, 8, 16: one search in 16 steps from then on
 
 
+class BufferWatch(L.Callback):
+    """After every step (the scheduler's hook has run): whether the store holds a parameter-sized buffer."""
+
+    def __init__(self) -> None:
+        self.held: list[bool] = []
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        self.held.append(bool(scheduler_of(trainer).engine.store.buffer))
+
+
+def test_outside_a_search_it_holds_no_parameter_copy(monkeypatch):
+    hybrid, rule = _searching()
+    during: list[int] = []
+    search = rule.search
+
+    def watched(params, direction, loss):
+        during.append(len(direction))  # the update's buffer; the search adds one copy, its last kept point
+        return search(params, direction, loss)
+
+    monkeypatch.setattr(rule, "search", watched)
+    watch = BufferWatch()
+    trainer, _ = hybrid_trainer(60, hybrid=[*hybrid, watch])
+    trainer.fit(LoggingRegression(lr=1e-3), loader())
+    assert len(during) >= 3 and all(n == len(list(trainer.lightning_module.parameters())) for n in during)
+    assert len(watch.held) == 60 and not any(watch.held)
+
+
 def test_without_a_kept_step_the_run_is_plain_lightning_bitwise():
     hybrid, _ = _searching()
     trainer, _ = hybrid_trainer(40, hybrid=hybrid)
