@@ -88,7 +88,7 @@ def task_table(task: str) -> tuple[str, dict[str, dict[float, list[dict]]]]:
     return "\n".join(lines), found
 
 
-# Issue 32's goals for the candidate default: (what, rate factor, axis, threshold, tasks it applies to or None: all)
+# Issue 32's goals: the floor (time and loss at equal steps), and the speedups at the under-tuned and the tuned rate
 FLOOR_TIME, FLOOR_LOSS, UNDER_TUNED, TUNED = 0.97, 1.005, 1.15, 1.1
 TUNED_TASKS = ("char_gpt", "word_lstm")
 
