@@ -21,6 +21,7 @@ import argparse
 import json
 import tempfile
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +88,15 @@ def _run(task: str, lr: float, seed: int, config: str, workdir: str, baseline: R
             cfg.trainer.max_steps = hybrid_steps(spec)
         stop = baseline_target(baseline, spec)
     record = fit(cfg, hybrid=config in HYBRID, stop=stop, callbacks=peers)
-    meta = {"task": task, "lr": lr, "seed": seed, "config": config, "steps": spec.steps, "machine": machine()}
+    meta = {
+        "task": task,
+        "lr": lr,
+        "seed": seed,
+        "config": config,
+        "steps": spec.steps,
+        "machine": machine(),
+        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(meta | record.to_dict(), indent=1))
     print(f"{task} lr {lr:.3g} seed {seed} {config}: final val loss {record.curve.losses[-1]:.4f}", flush=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from benchmarks.lrs import CONFIGS, LR_TASKS, OUT, SWEEP, _own_lr, _path, _recor
 from benchmarks.report import write_atomic
 
 AXES = {"cpu_s": "CPU time", "backward": "backward passes"}
+APART_HOURS = 3  # a configuration's run and its plain baseline ended further apart than this: flagged
 
 
 def _ratios(base: Any, other: Any, target: float) -> dict[str, float | None]:
@@ -45,8 +47,17 @@ def seed_rows(task: str, lr: float, config: str, best: float) -> list[dict[str, 
         cost = value_at([p.step for p in o.curve.points], o.curve.axis("cpu_s"), steps)  # probes included
         row = {"seed": seed, **_ratios(b, o, target), "loss": None if at is None else at / target}
         row["cost"] = None if cost is None else cost / b.curve.points[-1].cpu_s
+        row["hours_apart"] = _hours_apart(json.loads(base.read_text()), theirs)
         rows.append(row | {"kept": theirs["segments_started"]})  # search: the line-search steps it kept
     return rows
+
+
+def _hours_apart(a: dict[str, Any], b: dict[str, Any]) -> float | None:
+    """Hours between two runs' ends (``None`` for files written before runs were stamped): the CPU times of runs
+    far apart met different loads on a shared machine, so their ratio is not a measurement."""
+    if "finished" not in a or "finished" not in b:
+        return None
+    return abs(datetime.fromisoformat(a["finished"]) - datetime.fromisoformat(b["finished"])).total_seconds() / 3600
 
 
 def _cell(values: list[float | None], fmt: str = ".2f", suffix: str = "x") -> str:
@@ -83,6 +94,19 @@ def task_table(task: str) -> tuple[str, dict[str, dict[float, list[dict]]]]:
             cells = [_cell([r[axis] for r in rows]) for axis in AXES]
             cells += [_cell([r[key] for r in rows], ".3f", "") for key in ("loss", "cost")]
             lines.append(f"| {rate} | {name} | {len(rows)} | " + " | ".join(cells) + " |")
+    apart = [
+        (c, lr)
+        for c, by_lr in found.items()
+        if c != "tuned"
+        for lr, rows in by_lr.items()
+        if any((r["hours_apart"] or 0) > APART_HOURS for r in rows)
+    ]
+    if apart:
+        lines += [
+            "",
+            f"CPU times of runs that ended more than {APART_HOURS} h from their baseline (another session's"
+            " load; read backward passes there): " + ", ".join(f"`{c}` at {lr:.3g}" for c, lr in apart),
+        ]
     if "search" in found:
         lines += ["", *goals(task, found)]
     return "\n".join(lines), found

@@ -4,6 +4,8 @@ writes one table and one plot per task."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from benchmarks import lrs, lrs_report
@@ -33,6 +35,7 @@ def test_sweep_grid_and_report_on_a_tiny_task(tiny):
     files = sorted(p.name for p in (tiny / "tiny").glob("*.json"))
     assert sum(name.endswith("_search.json") for name in files) == 3
     assert sum(name.endswith(("_ema.json", "_schedulefree.json")) for name in files) == 4
+    assert all("finished" in json.loads(p.read_text()) for p in (tiny / "tiny").glob("*.json"))
     stamp = {p: p.stat().st_mtime_ns for p in (tiny / "tiny").glob("*.json")}
     lrs.grid("tiny", ["search", "ema", "schedulefree"])  # nothing left to run: no file rewritten
     assert {p: p.stat().st_mtime_ns for p in (tiny / "tiny").glob("*.json")} == stamp
@@ -69,3 +72,9 @@ def test_the_idle_cost_counts_only_runs_that_kept_nothing():
     text = lrs_report.idle_cost({"a": {"search": {0.1: kept + idle[:1]}}, "b": {"search": {0.3: idle[1:]}}})
     assert "(3 runs, every task and rate)" in text and "1.020 (1.010-1.030)" in text
     assert lrs_report.idle_cost({"a": {"search": {0.1: kept}}}) == "No `search` run kept nothing yet."
+
+
+def test_runs_far_apart_are_told_apart_from_unstamped_ones():
+    a, b = {"finished": "2026-11-25T10:00:00+00:00"}, {"finished": "2026-11-25T14:30:00+00:00"}
+    assert lrs_report._hours_apart(a, b) == lrs_report._hours_apart(b, a) == 4.5
+    assert lrs_report._hours_apart(a, {}) is None
