@@ -36,7 +36,11 @@ from benchmarks.tasks import compose_run, hybrid_steps, length_of
 
 OUT = RESULTS / "lrs"
 SWEEP = (1 / 9, 1 / 3, 1.0, 3.0, 9.0)  # times the task's own rate
-HYBRID = {"search": ["predictor=search"], "outer": ["predictor=outer"]}
+HYBRID = {  # configuration -> overrides
+    "search": ["predictor=search"],
+    "search_span": ["predictor=search", "predictor.span=6"],  # along the mean of the 6 updates between searches
+    "outer": ["predictor=outer"],
+}
 CONFIGS = (*HYBRID, *PEERS)
 
 

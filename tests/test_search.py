@@ -57,7 +57,13 @@ def test_a_search_keeps_at_most_max_steps_and_ends_on_the_last_kept_point():
 
 @pytest.mark.parametrize(
     ("kwargs", "name"),
-    [({"every": 0}, "every"), ({"every": 8, "max_interval": 4}, "max_interval"), ({"max_steps": 0}, "max_steps")],
+    [
+        ({"every": 0}, "every"),
+        ({"every": 8, "max_interval": 4}, "max_interval"),
+        ({"max_steps": 0}, "max_steps"),
+        ({"span": 0}, "span"),
+        ({"every": 4, "span": 5}, "span"),
+    ],
 )
 def test_bad_settings_are_refused_by_name(kwargs, name):
     with pytest.raises(ValueError, match=f"`{name}`"):
@@ -131,6 +137,46 @@ def test_outside_a_search_it_holds_no_parameter_copy(monkeypatch):
     assert len(watch.held) == 60 and not any(watch.held)
 
 
+class ParamsAtStart(L.Callback):
+    """The weights as each step starts, by the global step."""
+
+    def __init__(self) -> None:
+        self.at: dict[int, torch.Tensor] = {}
+
+    def on_train_batch_start(self, trainer, pl_module, *args) -> None:
+        self.at[trainer.global_step] = flat_params(pl_module).clone()
+
+
+def test_a_span_searches_along_the_mean_update_of_its_steps(monkeypatch):
+    """With ``span=4``, each search's direction is (weights after the search step - weights 4 steps before) / 4:
+    recorded from a search that keeps nothing, so that the weights at the next step's start are the span's end."""
+    hybrid, rule = _searching(span=4)
+    seen: list[tuple[int, torch.Tensor]] = []
+
+    def recording(params, direction, loss):
+        seen.append((scheduler_of(trainer).engine.global_step, torch.cat([d.reshape(-1) for d in direction]).clone()))
+        return 0, loss()
+
+    monkeypatch.setattr(rule, "search", recording)
+    start = ParamsAtStart()
+    trainer, _ = hybrid_trainer(60, hybrid=[*hybrid, start])
+    trainer.fit(RegressionModel(lr=1e-2), loader())
+    # search steps end at 10 (warmup 5 + every 4, spanning steps 6-9), then 8 and 16 steps after (nothing kept)
+    assert [g for g, _ in seen][:3] == [10, 19, 36]
+    for g, direction in seen:
+        assert torch.allclose(direction, (start.at[g] - start.at[g - 4]) / 4, atol=1e-7), g
+
+
+def test_a_span_pays_where_the_last_update_does_and_frees_its_copy_after_each_search():
+    hybrid, _ = _searching(span=4)
+    trainer, _ = hybrid_trainer(60, hybrid=hybrid)
+    model = LoggingRegression(lr=1e-3)
+    trainer.fit(model, loader())
+    engine = scheduler_of(trainer).engine
+    assert engine.record.counters.search_steps > 0 and model.backward_calls == 60
+    assert engine.family.anchor is None or engine.global_step - engine.family.anchor_step < 4
+
+
 def test_without_a_kept_step_the_run_is_plain_lightning_bitwise():
     hybrid, _ = _searching()
     trainer, _ = hybrid_trainer(40, hybrid=hybrid)
@@ -142,9 +188,9 @@ def test_without_a_kept_step_the_run_is_plain_lightning_bitwise():
     assert torch.equal(flat_params(model), flat_params(plain))
 
 
-def _checkpointed(root, ckpt_path=None):
+def _checkpointed(root, ckpt_path=None, span=1):
     checkpoint = ModelCheckpoint(dirpath=root / "ckpt", save_top_k=-1, every_n_train_steps=2, filename="{step}")
-    hybrid, _ = _searching()
+    hybrid, _ = _searching(span=span)
     trainer, _ = hybrid_trainer(
         40,
         hybrid=hybrid,
@@ -158,18 +204,23 @@ def _checkpointed(root, ckpt_path=None):
     return model, trainer
 
 
-def test_resume_is_bitwise_exact_and_the_probe_is_in_the_checkpoint(tmp_path):
-    model, trainer = _checkpointed(tmp_path / "full")
+@pytest.mark.parametrize("span", [1, 4])
+def test_resume_is_bitwise_exact_and_the_probe_is_in_the_checkpoint(tmp_path, span):
+    """With a span, some checkpoints fall inside one: its start is held in them and restored."""
+    model, trainer = _checkpointed(tmp_path / "full", span=span)
     assert scheduler_of(trainer).counters.search_steps > 0
-    for step in (4, 14, 26):
+    inside = []
+    for step in (4, 8, 12, 14, 26):
         path = tmp_path / "full" / "ckpt" / f"step={step}.ckpt"
         state = next(v for k, v in torch.load(path, weights_only=True)["callbacks"].items() if "Scheduler" in k)
         assert len(state["probe"]["batches"]) == 1
-        resumed, resumed_trainer = _checkpointed(tmp_path / f"resume{step}", path)
+        inside.append(state["family"]["anchor"] is not None)
+        resumed, resumed_trainer = _checkpointed(tmp_path / f"resume{step}", path, span=span)
         assert torch.equal(flat_params(resumed), flat_params(model)), step
         assert (
             scheduler_of(resumed_trainer).summary()["search_steps"] == scheduler_of(trainer).summary()["search_steps"]
         )
+    assert any(inside) == (span > 1) and not all(inside)
 
 
 def test_batchnorm_statistics_are_untouched_by_the_probe():
