@@ -33,6 +33,7 @@ from tests.test_resume import LEARNED, _callbacks
 
 RULES = {"outer": OuterMomentum, "average": PrimalAverage}
 SEARCH = {"every": 4, "max_interval": 16}  # a search every 4 steps while they pay
+SEARCHES = {"search": 1, "search_span": 4}  # kind -> span: along the last update, or the mean of the last 4
 STRATEGIES = {
     "ddp": HybridDDPStrategy,
     "fsdp": HybridFSDPStrategy,
@@ -64,8 +65,8 @@ def main(out_dir: str, kind: str, nodes: int = 1, resume: str | None = None) -> 
         callbacks = _callbacks("exploding")
     elif kind in RULES:
         callbacks = hybrid_callbacks(predictor=RULES[kind](), **RULE_PHASES)
-    elif kind == "search":
-        callbacks = hybrid_callbacks(predictor=LineSearch(**SEARCH), warmup_steps=5)
+    elif kind in SEARCHES:
+        callbacks = hybrid_callbacks(predictor=LineSearch(**SEARCH, span=SEARCHES[kind]), warmup_steps=5)
     else:  # a learned predictor with the bandit timing steps in wall-clock seconds, which differ per rank
         callbacks = hybrid_callbacks(predictor=kind, **FAST_PHASES, **LEARNED[kind])
     extra: list[L.Callback] = [record]
@@ -82,7 +83,7 @@ def main(out_dir: str, kind: str, nodes: int = 1, resume: str | None = None) -> 
         logger=False,
         default_root_dir=out_dir,
     )
-    model = RegressionModel(scheduler=True, optimizer=optimizer or "adam", lr=1e-3 if kind == "search" else 1e-2)
+    model = RegressionModel(scheduler=True, optimizer=optimizer or "adam", lr=1e-3 if kind in SEARCHES else 1e-2)
     ckpt_path = resume if resume not in (None, "save") else None
     trainer.fit(model, loader(512, batch_size=16), ckpt_path=ckpt_path)  # 16 steps per epoch and rank
     scheduler = scheduler_of(trainer)
@@ -93,7 +94,7 @@ def main(out_dir: str, kind: str, nodes: int = 1, resume: str | None = None) -> 
             "first_batch": record.first_batch,
             "params": flat_params(model),
             "local_numel": sum(t.numel() for g in scheduler.predictor.predictor.directions() for t in g)
-            if kind not in (*RULES, "search")
+            if kind not in (*RULES, *SEARCHES)
             else None,
             "summary": scheduler.summary(),
             "monitor": scheduler.monitor.state_dict(),

@@ -244,10 +244,11 @@ def test_batchnorm_statistics_are_untouched_by_the_probe():
 
 
 @pytest.mark.slow
-def test_ddp_ranks_decide_alike_and_stay_identical(tmp_path):
+@pytest.mark.parametrize("kind", ["search", "search_span"])
+def test_ddp_ranks_decide_alike_and_stay_identical(tmp_path, kind):
     from tests.test_ddp import run_ranks
 
-    rank0, rank1 = run_ranks(tmp_path, "search")
+    rank0, rank1 = run_ranks(tmp_path, kind)
     assert not torch.equal(rank0["first_batch"], rank1["first_batch"]), "ranks should see different data"
     assert torch.equal(rank0["params"], rank1["params"])
     assert rank0["summary"]["search_steps"] == rank1["summary"]["search_steps"] > 0
