@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.curves import time_to_target, value_at
-from benchmarks.lrs import CONFIGS, LR_TASKS, OUT, SWEEP, _own_lr, _path, _record, tuned
+from benchmarks.lrs import CONFIGS, HYBRID, LR_TASKS, OUT, SWEEP, _own_lr, _path, _record, tuned
 from benchmarks.report import write_atomic
 
 AXES = {"cpu_s": "CPU time", "backward": "backward passes"}
@@ -107,8 +107,9 @@ def task_table(task: str) -> tuple[str, dict[str, dict[float, list[dict]]]]:
             f"CPU times of runs that ended more than {APART_HOURS} h from their baseline (another session's"
             " load; read backward passes there): " + ", ".join(f"`{c}` at {lr:.3g}" for c, lr in apart),
         ]
-    if "search" in found:
-        lines += ["", *goals(task, found)]
+    for config in HYBRID:  # the candidates for the default
+        if config in found:
+            lines += ["", *goals(task, found, config)]
     return "\n".join(lines), found
 
 
