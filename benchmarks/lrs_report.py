@@ -8,6 +8,7 @@ and ``.png``, and ``benchmarks/results/lrs/README.md`` with every task's table).
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from datetime import datetime
 from pathlib import Path
@@ -53,10 +54,13 @@ def seed_rows(task: str, lr: float, config: str, best: float) -> list[dict[str, 
 
 
 def _hours_apart(a: dict[str, Any], b: dict[str, Any]) -> float | None:
-    """Hours between two runs' ends (``None`` for files written before runs were stamped): the CPU times of runs
+    """Hours between two runs' ends (``None`` where neither is stamped; ``inf`` where one is, since stamping began
+    after the other ran): the CPU times of runs
     far apart met different loads on a shared machine, so their ratio is not a measurement."""
-    if "finished" not in a or "finished" not in b:
+    if "finished" not in a and "finished" not in b:
         return None
+    if "finished" not in a or "finished" not in b:  # stamps began on 2026-11-25: one run is older than that
+        return math.inf
     return abs(datetime.fromisoformat(a["finished"]) - datetime.fromisoformat(b["finished"])).total_seconds() / 3600
 
 

@@ -5,6 +5,7 @@ writes one table and one plot per task."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -77,4 +78,4 @@ def test_the_idle_cost_counts_only_runs_that_kept_nothing():
 def test_runs_far_apart_are_told_apart_from_unstamped_ones():
     a, b = {"finished": "2026-11-25T10:00:00+00:00"}, {"finished": "2026-11-25T14:30:00+00:00"}
     assert lrs_report._hours_apart(a, b) == lrs_report._hours_apart(b, a) == 4.5
-    assert lrs_report._hours_apart(a, {}) is None
+    assert lrs_report._hours_apart(a, {}) == math.inf and lrs_report._hours_apart({}, {}) is None
