@@ -79,3 +79,19 @@ def test_runs_far_apart_are_told_apart_from_unstamped_ones():
     a, b = {"finished": "2026-11-25T10:00:00+00:00"}, {"finished": "2026-11-25T14:30:00+00:00"}
     assert lrs_report._hours_apart(a, b) == lrs_report._hours_apart(b, a) == 4.5
     assert lrs_report._hours_apart(a, {}) == math.inf and lrs_report._hours_apart({}, {}) is None
+
+
+@pytest.mark.slow
+def test_the_delay_study_forks_one_run_and_reads_each_step_against_not_taking_it(tmp_path, monkeypatch):
+    from benchmarks import extrapolation_delay as delay
+
+    monkeypatch.setattr(delay, "OUT", tmp_path)
+    monkeypatch.setattr(delay, "MULTIPLES", (0, 2))
+    delay.main(["--lr", "0.003", "--forks", "6", "10", "--after", "2", "4", "--span", "2"])
+    result = json.loads((tmp_path / "char_gpt_lr0.003_seed0.json").read_text())
+    assert [(r["fork"], r["k"]) for r in result["rows"]] == [(6, 0), (6, 2), (10, 0), (10, 2)]
+    moved = [r for r in result["rows"] if r["k"] == 2]
+    stayed = {r["fork"]: r for r in result["rows"] if r["k"] == 0}
+    assert all(r["probe_now"] != stayed[r["fork"]]["probe_now"] for r in moved)  # the step moved the weights
+    assert all(set(r) >= {"val_now", "val_after_2", "val_after_4"} for r in result["rows"])
+    assert "| 6 | 0 | 1.0000 | 1.0000 | 1.0000 | 1.0000 |" in (tmp_path / "char_gpt_lr0.003_seed0.md").read_text()
