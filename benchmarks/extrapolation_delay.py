@@ -44,10 +44,12 @@ def _loss(model: Any, batches: list[Any]) -> float:
     return value
 
 
-def _train(model: Any, opt: Any, sched: Any, batches: list[Any]) -> None:
+def _train(model: Any, opt: Any, sched: Any, batches: list[Any], clip: float | None) -> None:
     for i, batch in enumerate(batches):
         opt.zero_grad(set_to_none=True)
         model.training_step(batch, i).backward()  # the demos return the loss tensor
+        if clip:  # as the task's Trainer clips (the word LSTM: by norm, at 0.25)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
         sched.step()
 
@@ -57,6 +59,7 @@ def study(task: str, lr: float, forks: list[int], after: list[int], span: int, s
         cfg = compose_run(task, "default", seed, [f"model.lr={lr}"], workdir)
     torch.manual_seed(seed)
     data, model = instantiate(cfg.data), instantiate(cfg.model)
+    clip = cfg.trainer.get("gradient_clip_val")
     data.setup("fit")
     model.log = model.log_dict = lambda *a, **k: None  # no Trainer: nothing to log to
     val = list(itertools.islice(iter(data.val_dataloader()), 8))
@@ -67,9 +70,9 @@ def study(task: str, lr: float, forks: list[int], after: list[int], span: int, s
     params = [p for p in model.parameters() if p.requires_grad]
     rows, done = [], 0
     for fork in forks:
-        _train(model, opt, sched, [next(stream) for _ in range(fork - span - done)])
+        _train(model, opt, sched, [next(stream) for _ in range(fork - span - done)], clip)
         start = torch._foreach_mul(params, 1.0)
-        _train(model, opt, sched, [next(stream) for _ in range(span)])
+        _train(model, opt, sched, [next(stream) for _ in range(span)], clip)
         done = fork
         mean = torch._foreach_sub([p.detach() for p in params], start)
         torch._foreach_div_(mean, span)
@@ -84,7 +87,7 @@ def study(task: str, lr: float, forks: list[int], after: list[int], span: int, s
             row = {"fork": fork, "k": k, "probe_now": _loss(model, probe), "val_now": _loss(model, val)}
             trained = 0
             for n in after:
-                _train(model, opt, sched, ahead[trained:n])
+                _train(model, opt, sched, ahead[trained:n], clip)
                 trained, row[f"val_after_{n}"] = n, _loss(model, val)
             rows.append(row)
             print(row, flush=True)
