@@ -54,6 +54,13 @@ def _train(model: Any, opt: Any, sched: Any, batches: list[Any], clip: float | N
         sched.step()
 
 
+def _optimizer(conf: Any) -> tuple[torch.optim.Optimizer, Any]:
+    """The optimizer and the scheduler (a constant one where the module has none) of ``configure_optimizers``."""
+    if isinstance(conf, torch.optim.Optimizer):
+        return conf, torch.optim.lr_scheduler.LambdaLR(conf, lambda _: 1.0)
+    return conf["optimizer"], conf["lr_scheduler"]["scheduler"]
+
+
 def study(task: str, lr: float, forks: list[int], after: list[int], span: int, seed: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as workdir:
         cfg = compose_run(task, "default", seed, [f"model.lr={lr}"], workdir)
@@ -65,8 +72,7 @@ def study(task: str, lr: float, forks: list[int], after: list[int], span: int, s
     val = list(itertools.islice(iter(data.val_dataloader()), 8))
     stream = _batches(data)
     probe = [next(_batches(data))]
-    conf = model.configure_optimizers()
-    opt, sched = conf["optimizer"], conf["lr_scheduler"]["scheduler"]
+    opt, sched = _optimizer(model.configure_optimizers())
     params = [p for p in model.parameters() if p.requires_grad]
     rows, done = [], 0
     for fork in forks:
