@@ -40,6 +40,7 @@ HYBRID = {  # configuration -> overrides
     "search": ["predictor=search"],
     "search_span": ["predictor=search", "predictor.span=6"],  # along the mean of the 6 updates between searches
     "outer": ["predictor=outer"],
+    "outer_aligned": ["predictor=outer", "predictor.alignment_window=5"],  # jumps stop once training walks them back
 }
 CONFIGS = (*HYBRID, *PEERS)
 

@@ -78,4 +78,9 @@ def format_summary(summary: dict[str, Any]) -> str:
         f" steps skipped | {summary['backed_off_steps']} steps backed off",
         f"hybrid: wall {summary['wall_time_s']:.1f}s | " + ", ".join(f"{k} {v:.1f}s" for k, v in times.items()),
     ]
+    if summary.get("jumps_stopped_at") is not None:
+        lines.append(
+            f"hybrid: jumps stopped at step {summary['jumps_stopped_at']}: training walked them back "
+            f"(mean alignment {summary['jump_alignment']:+.3f})"
+        )
     return "\n".join(lines)

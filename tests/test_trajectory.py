@@ -4,6 +4,8 @@ window, DDP ranks, validation and checkpoints at the average, settings refused b
 
 from __future__ import annotations
 
+import math
+
 import lightning as L
 import pytest
 import torch
@@ -151,15 +153,16 @@ class FixedJump(OuterMomentum):
         with torch.no_grad():
             before = params[0].detach().clone()
             params[0].add_(self.d)
-            self._jump[0].copy_(self.d)
+            if self._jump:  # kept for a verdict
+                self._jump[0].copy_(self.d)
             anchor[0].copy_(params[0])
         self.points.append((before, params[0].detach().clone()))
 
 
-def valley_run(rule, steps=66):
+def valley_run(rule, steps=66, verify_window=5):
     model = Valley()
     config = HybridConfig(warmup_steps=5, full_steps=10)
-    monitor = DivergenceCheck(verify_window=5)
+    monitor = DivergenceCheck(verify_window=verify_window)
     engine, losses = engine_loop(
         model, torch.optim.SGD(model.parameters(), lr=LR), rule, steps, valley_batches(), config, monitor
     )
@@ -195,6 +198,51 @@ def test_a_jump_that_loses_ground_is_rolled_back_after_its_window():
     assert engine.parts.monitor.events["delayed"] >= 1 and engine.parts.monitor.events["zscore"] == 0
     assert engine.record.counters.jumps_kept == 0
     assert engine.policy.prediction_off is False or engine.record.counters.rollbacks >= 5
+
+
+def test_alignment_is_the_cosine_between_the_last_jump_and_the_displacement_since():
+    rule = OuterMomentum(alignment_window=2)
+    anchor = [torch.tensor([1.0, 2.0]), torch.tensor([[3.0]])]
+    rule.setup(anchor, keep_jump=True)
+    jump = [torch.tensor([1.0, 0.0]), torch.tensor([[1.0]])]
+    torch._foreach_copy_(rule._jump, jump)
+    moved = [torch.tensor([2.0, 1.0]), torch.tensor([[2.0]])]  # 2 x the jump, plus (0, 1, 0) across it
+    params = torch._foreach_add(anchor, moved)
+    dot, jump_sq, moved_sq = rule.alignment_terms(params, anchor).tolist()
+    assert (dot, jump_sq, moved_sq) == (4.0, 2.0, 9.0)  # cosine 4 / sqrt(18)
+
+
+def aligned_jump(along, across, window=2):
+    rule = FixedJump(along=along, across=across)
+    rule.alignment_window = window
+    return rule
+
+
+def test_jumps_that_training_carries_on_go_on_though_each_raises_the_loss_at_once():
+    """Along the valley, training keeps going the jump's way, though across it the jump overshoots (the loss rises
+    at once, as in the test above): every alignment is positive and the jumps go on to the end."""
+    engine, losses, _ = valley_run(aligned_jump(0.6, 0.2))
+    family = engine.family
+    assert engine.record.counters.jumps_made == 6
+    assert len(family.state.alignments) == 2 and all(a > 0 for a in family.state.alignments)
+    assert family.state.stopped_at == -1 and family.summary()["jumps_stopped_at"] is None
+    _, plain_losses, _ = valley_run(OuterMomentum(outer_lr=1.0, outer_momentum=0.0))
+    assert sum(losses[-5:]) < sum(plain_losses[-5:])
+
+
+def test_jumps_that_training_walks_back_stop_where_the_verdict_against_before_keeps_them():
+    """Back up the valley by less than a cycle's progress: the loss after each jump is still lower than before it,
+    so the verdict against the loss before the jump keeps them (5 of 6), while training walks each one back. The
+    alignment verdict stops them after two, and the run goes on plain, further down the valley."""
+    engine, losses, w = valley_run(aligned_jump(-1.0, 0.0))
+    family, counters = engine.family, engine.record.counters
+    assert counters.jumps_made == counters.jumps_kept == 2 and counters.rollbacks == 0
+    assert all(a < -0.99 for a in family.state.alignments)
+    assert family.state.stopped_at == 5 + 3 * 10  # the end of the cycle after the second jump
+    assert family.summary()["jumps_stopped_at"] == 35
+    unjudged, unjudged_losses, unjudged_w = valley_run(FixedJump(along=-1.0, across=0.0))
+    assert unjudged.record.counters.jumps_kept == 5 and unjudged.record.counters.rollbacks == 0
+    assert w[0] > unjudged_w[0] + 3.0 and sum(losses[-5:]) < sum(unjudged_losses[-5:])
 
 
 # ------------------------------------------------------------------------------------------------ Lightning runs
@@ -235,6 +283,16 @@ def test_outer_jumps_every_cycle_in_a_lightning_run_and_keeps_every_backward_pas
     assert counters.jumps_kept + counters.rollbacks == counters.jumps_made
     plain, _ = fit_regression([], strategy=False)
     assert not torch.equal(flat_params(model), flat_params(plain))
+
+
+def test_a_lightning_run_whose_jumps_training_walks_back_stops_them_and_says_so():
+    model, trainer = fit_regression(hybrid_callbacks(predictor=OuterMomentum(alignment_window=2), **RULE_PHASES))
+    summary = scheduler_of(trainer).summary()
+    unjudged, unjudged_trainer = fit_regression(hybrid_callbacks(predictor="outer", **RULE_PHASES))
+    assert summary["jump_alignment"] <= 0 and summary["jumps_stopped_at"] == 5 + 4 * 6  # after the third jump
+    assert summary["jumps_made"] == 3 < scheduler_of(unjudged_trainer).summary()["jumps_made"]
+    assert f"jumps stopped at step {summary['jumps_stopped_at']}" in format_summary(summary)
+    assert model.backward_calls == unjudged.backward_calls == 40
 
 
 @pytest.mark.parametrize("max_steps", [35, 40, 41])
@@ -375,8 +433,12 @@ def test_resume_between_a_cycles_end_and_its_jump_is_bitwise_exact(tmp_path):
     assert scheduler_of(resumed_trainer).summary()["jumps_made"] == scheduler_of(trainer).summary()["jumps_made"]
 
 
-def test_resume_inside_an_outer_verification_window_is_bitwise_exact(tmp_path):
-    model, trainer = _checkpointed_run(tmp_path / "full", "outer")
+ALIGNED = {"outer": lambda: "outer", "outer_aligned": lambda: OuterMomentum(alignment_window=2)}
+
+
+@pytest.mark.parametrize("kind", list(ALIGNED))
+def test_resume_inside_an_outer_verification_window_is_bitwise_exact(tmp_path, kind):
+    model, trainer = _checkpointed_run(tmp_path / "full", ALIGNED[kind]())
     reference = flat_params(model)
     inside = []
     for path in sorted((tmp_path / "full" / "ckpt").glob("*.ckpt"), key=lambda p: int(p.stem.split("=")[1])):
@@ -386,11 +448,14 @@ def test_resume_inside_an_outer_verification_window_is_bitwise_exact(tmp_path):
             inside.append(path)
     assert len(inside) >= 2, "no checkpoint fell inside a verification window"
     for path in inside:
-        resumed, resumed_trainer = _checkpointed_run(tmp_path / f"resume_{path.stem}", "outer", ckpt_path=path)
+        resumed, resumed_trainer = _checkpointed_run(tmp_path / f"resume_{path.stem}", ALIGNED[kind](), ckpt_path=path)
         assert torch.equal(flat_params(resumed), reference), path.name
         summary, want = scheduler_of(resumed_trainer).summary(), scheduler_of(trainer).summary()
-        for key in ("jumps_made", "jumps_kept", "rollbacks", "rollback_reasons"):
+        keys = ("jumps_made", "jumps_kept", "rollbacks", "rollback_reasons")
+        for key in (*keys, "jump_alignment", "jumps_stopped_at") if kind == "outer_aligned" else keys:
             assert summary[key] == want[key], key
+    if kind == "outer_aligned":  # the windows resumed held alignments
+        assert any(_engine_state(path)[1]["family"]["alignments"] for path in inside)
 
 
 def test_average_validation_and_checkpoints_see_the_average_and_resume_bitwise(tmp_path):
@@ -460,6 +525,8 @@ def test_what_a_rule_cannot_do_is_refused_before_training(settings, message):
         (dict(outer_lr=0.0), "outer_lr"),
         (dict(outer_lr=2.5), "outer_lr"),
         (dict(outer_momentum=1.0), "outer_momentum"),
+        (dict(alignment_window=-1), "alignment_window"),
+        (dict(alignment_window=2.5), "alignment_window"),
     ],
 )
 def test_bad_outer_settings_are_refused_when_built(kwargs, name):
@@ -480,7 +547,7 @@ def test_rules_leave_the_bandit_out_by_default_and_per_step_predictors_keep_it()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["outer", "average"])
+@pytest.mark.parametrize("kind", ["outer", "outer_aligned", "average"])
 def test_ddp_ranks_stay_identical_under_a_rule(tmp_path, kind):
     from tests.test_ddp import run_ranks
 
@@ -494,16 +561,21 @@ def test_ddp_ranks_stay_identical_under_a_rule(tmp_path, kind):
         assert all(torch.equal(x, y) for x, y in zip(a, b))
     if kind == "outer":
         assert rank0["summary"]["jumps_made"] == (60 - 5) // 6 - 1  # not the last: it could not be verified
+    if kind == "outer_aligned":
+        assert rank0["summary"]["jump_alignment"] == rank1["summary"]["jump_alignment"] is not None
 
 
 @pytest.mark.slow
 def test_outer_under_fsdp_jumps_each_ranks_shards_as_ddp_jumps_the_whole(tmp_path):
+    """With the alignment verdict, whose cosine sums each rank's shards."""
     from tests.test_ddp import run_ranks
 
-    ddp = run_ranks(tmp_path / "ddp", "outer")
-    fsdp = run_ranks(tmp_path / "fsdp", "outer", strategy="fsdp")
-    for key in ("jumps_made", "jumps_kept", "rollbacks", "rollback_reasons"):
+    ddp = run_ranks(tmp_path / "ddp", "outer_aligned")
+    fsdp = run_ranks(tmp_path / "fsdp", "outer_aligned", strategy="fsdp")
+    for key in ("jumps_made", "jumps_kept", "rollbacks", "rollback_reasons", "jumps_stopped_at"):
         assert fsdp[0]["summary"][key] == fsdp[1]["summary"][key] == ddp[0]["summary"][key], key
+    alignments = [run[0]["summary"]["jump_alignment"] for run in (ddp, fsdp)]
+    assert alignments[0] is not None and math.isclose(*alignments, rel_tol=1e-4)
     assert torch.equal(fsdp[0]["params"], fsdp[1]["params"])  # gathered from the shards
     torch.testing.assert_close(fsdp[0]["params"], ddp[0]["params"], rtol=1e-5, atol=1e-5)
     numel = ddp[0]["params"].numel()

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from lightning_hybrid.validation import check_float
+from lightning_hybrid.validation import check_float, check_int
 
 TensorList = Sequence[Tensor]
 
@@ -70,19 +70,27 @@ class OuterMomentum(TrajectoryRule):
 
     ``outer_lr=1, outer_momentum=0`` is plain training (bitwise); ``outer_momentum=0`` is Lookahead with step
     ``outer_lr``. Memory: the anchor lives in the engine's one update buffer; ``b`` adds one parameter copy when
-    ``outer_momentum > 0``, and delayed verification one more (the last jump, to undo it).
+    ``outer_momentum > 0``, and delayed verification or the alignment verdict one more (the last jump).
+
+    The alignment verdict asks whether a jump went where training was going anyway, the question a loss compared
+    with before the jump cannot answer on a falling curve: the cosine between each jump and the displacement of the
+    cycle after it. Positive, training carries on along the jump (a longer one would have paid too); negative, it
+    walks the jump back (it overshot). Once the mean over the last ``alignment_window`` jumps is at most 0, the
+    jumps stop for the rest of the run and training is plain.
 
     Args:
         outer_lr: η, the outer step, in ``(0, 2]``.
         outer_momentum: μ, the outer momentum, in ``[0, 1)``.
+        alignment_window: jumps whose mean alignment decides whether jumping goes on (0: it always does).
     """
 
     name = "outer"
     family = "jumps"
 
-    def __init__(self, outer_lr: float = 0.7, outer_momentum: float = 0.5) -> None:
+    def __init__(self, outer_lr: float = 0.7, outer_momentum: float = 0.5, alignment_window: int = 0) -> None:
         self.outer_lr = check_float("OuterMomentum", "outer_lr", outer_lr, 0.0, 2.0, open_low=True)
         self.outer_momentum = check_float("OuterMomentum", "outer_momentum", outer_momentum, 0.0, 1.0 - 1e-12)
+        self.alignment_window = check_int("OuterMomentum", "alignment_window", alignment_window, 0)
         self._b: list[Tensor] = []
         self._jump: list[Tensor] = []
         self._pending: dict[str, Any] | None = None
@@ -118,6 +126,18 @@ class OuterMomentum(TrajectoryRule):
             if self._jump:
                 torch._foreach_copy_(self._jump, anchor)
             torch._foreach_copy_(anchor, params)
+
+    def alignment_terms(self, params: TensorList, anchor: TensorList) -> Tensor:
+        """``[jump · d, |jump|², |d|²]`` over this rank's tensors, ``d = params - anchor`` the displacement since the
+        last jump (one tensor's difference at a time: no parameter copy). Summed over ranks, their cosine is the
+        jump's alignment."""
+        terms = torch.zeros(3, dtype=torch.float64, device=params[0].device if params else "cpu")
+        with torch.no_grad():
+            for p, a, j in zip(params, anchor, self._jump, strict=True):
+                d = (p - a).flatten().double()
+                j = j.flatten().double()
+                terms += torch.stack((torch.dot(j, d), torch.dot(j, j), torch.dot(d, d)))
+        return terms
 
     def undo(self, params: list[Tensor], anchor: list[Tensor]) -> None:
         """Take the last jump back out of ``params`` and ``anchor`` (keeping the ordinary steps since), and restart

@@ -1,7 +1,9 @@
 """``outer`` jumps (the SNOO / one-worker DiLoCo outer-momentum rule): every backward pass is kept; each Full cycle
 runs from an anchor, held in the store's buffer, and after it the weights jump along the cycle's displacement. A
 jump is made as the next step starts, judged at that step for divergence, and then by the mean loss of the last
-``verify_window`` steps of the cycle it starts; a rejected jump is subtracted again."""
+``verify_window`` steps of the cycle it starts; a rejected jump is subtracted again. With the rule's
+``alignment_window``, the jumps are also judged by whether training carries them on or walks them back, and stop
+for the rest of the run once it walks them back."""
 
 from __future__ import annotations
 
@@ -32,6 +34,9 @@ class JumpState:
     reference: float = math.nan  # the verification window's mean loss in the cycle before the jump
     spread: float = 0.0  # and its losses' standard deviation
     window: deque[float] = field(default_factory=deque)  # this cycle's last losses
+    aligning: bool = False  # a jump started this cycle: its alignment is read at the cycle's end
+    alignments: deque[float] = field(default_factory=deque)  # the last jumps' alignments
+    stopped_at: int = -1  # the global step at which training walked the jumps back and they stopped (-1: not)
 
 
 @register_family
@@ -65,13 +70,18 @@ class OuterJumps(PredictionFamily):
     def setup(self, restored: bool) -> None:
         """Unless a checkpoint has just restored the run's state, start afresh: a new anchor at the next Full step."""
         store = self.engine.store
-        self.engine.parts.predictor.setup(store.params, keep_jump=self.verify_window > 0)
+        self.engine.parts.predictor.setup(store.params, keep_jump=self.verify_window > 0 or self.alignment_window > 0)
         if restored and self._pending_anchor is not None:
             store.load_buffer(self._pending_anchor)
         if not restored:
             self.state = JumpState()
         self._pending_anchor = None
         self.state.window = deque(self.state.window, maxlen=max(self.verify_window, 1))
+        self.state.alignments = deque(self.state.alignments, maxlen=max(self.alignment_window, 1))
+
+    @property
+    def alignment_window(self) -> int:
+        return getattr(self.engine.parts.predictor, "alignment_window", 0)
 
     # -- per step ------------------------------------------------------------------------------------------------
     def begin_step(self, step: StepRecord) -> bool:
@@ -111,6 +121,8 @@ class OuterJumps(PredictionFamily):
         state, e = self.state, self.engine
         if not state.started:
             return
+        if state.aligning:
+            self._judge_alignment()
         verify = self.verify_window > 0
         mean = statistics.fmean(state.window) if state.window else math.nan
         spread = statistics.pstdev(state.window) if len(state.window) > 1 else 0.0
@@ -127,6 +139,7 @@ class OuterJumps(PredictionFamily):
                 e.record.counters.jumps_kept += 1
         state.reference, state.spread = mean, spread
         off = e.policy.prediction_off or not e.config.enable_prediction or not e.parts.predictor.moves
+        off = off or state.stopped_at >= 0
         if off or (verify and (not math.isfinite(state.reference) or not self._verdict_in_time())):
             copy_(e.store.buffer, e.store.params)  # no jump: the next cycle starts from here
             return
@@ -146,6 +159,25 @@ class OuterJumps(PredictionFamily):
         e.record.counters.jumps_made += 1
         e.policy.segment_started()
         state.pending = state.first_check = self.verify_window > 0
+        state.aligning = self.alignment_window > 0
+
+    def _judge_alignment(self) -> None:
+        """The cycle after a jump has ended: record the jump's alignment with it (see
+        :class:`~lightning_hybrid.predictors.OuterMomentum`); stop jumping once the mean over the window is <= 0."""
+        e, state = self.engine, self.state
+        state.aligning = False
+        dot, jump_sq, moved_sq = e.collectives.sum_across_ranks(
+            e.parts.predictor.alignment_terms(e.store.params, e.store.buffer)
+        ).tolist()
+        cosine = dot / math.sqrt(jump_sq * moved_sq) if jump_sq > 0 and moved_sq > 0 else 0.0
+        state.alignments.append(cosine)
+        full = len(state.alignments) == self.alignment_window
+        if full and statistics.fmean(state.alignments) <= 0 and state.stopped_at < 0:
+            state.stopped_at = e.global_step
+            e.info(
+                f"hybrid: outer-momentum jumps stopped at step {e.global_step}: training walked the last "
+                f"{self.alignment_window} back (mean alignment {statistics.fmean(state.alignments):+.3f})"
+            )
 
     def _verdict_in_time(self) -> bool:
         """Whether a jump decided now would get its verdict (at the next cycle's end) before training ends. One that
@@ -158,7 +190,7 @@ class OuterJumps(PredictionFamily):
         e, state = self.engine, self.state
         e.parts.predictor.undo(e.store.params, e.store.buffer)
         e.collectives.parameters_changed()
-        state.pending = state.first_check = False
+        state.pending = state.first_check = state.aligning = False
         state.reference = math.nan
         counters = e.record.counters
         counters.rollbacks += 1
@@ -178,7 +210,12 @@ class OuterJumps(PredictionFamily):
 
     # -- reporting and state -------------------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
-        return {"trajectory_rule": self.engine.parts.predictor.name}
+        out: dict[str, Any] = {"trajectory_rule": self.engine.parts.predictor.name}
+        if self.alignment_window:
+            alignments = self.state.alignments
+            out["jump_alignment"] = statistics.fmean(alignments) if alignments else None
+            out["jumps_stopped_at"] = self.state.stopped_at if self.state.stopped_at >= 0 else None
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         state, store = self.state, self.engine.store
@@ -186,11 +223,14 @@ class OuterJumps(PredictionFamily):
         if state.started and store is not None:
             anchor = [t.detach().to("cpu", copy=True) for t in store.buffer]
         values = {k: getattr(state, k) for k in STATE_KEYS[:-2]}
-        return {**values, "window": list(state.window), "anchor": anchor}
+        aligned = {"aligning": state.aligning, "alignments": list(state.alignments), "stopped_at": state.stopped_at}
+        return {**values, **aligned, "window": list(state.window), "anchor": anchor}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Checkpoints are restored before training starts; :meth:`setup` places the anchor then."""
-        window = max(self.verify_window, 1) if self.engine.parts is not None else 1
+        parts = self.engine.parts is not None
+        window = max(self.verify_window, 1) if parts else 1
+        aligned = max(self.alignment_window, 1) if parts else 1
         self.state = JumpState(
             started=bool(state["started"]),
             jump_due=bool(state["jump_due"]),
@@ -199,6 +239,9 @@ class OuterJumps(PredictionFamily):
             reference=float(state["reference"]),
             spread=float(state["spread"]),
             window=deque((float(v) for v in state["window"]), maxlen=window),
+            aligning=bool(state.get("aligning", False)),
+            alignments=deque((float(v) for v in state.get("alignments", ())), maxlen=aligned),
+            stopped_at=int(state.get("stopped_at", -1)),
         )
         store, anchor = self.engine.store, state["anchor"]
         if store is not None and anchor is not None:
