@@ -99,6 +99,8 @@ def test_outer_jumps_match_a_reference_snoo_loop_over_several_cycles():
     [
         (OuterMomentum(0.7, 0.5), 5, "per_step", 3),  # the anchor (in the update buffer), b, the last jump
         (OuterMomentum(0.7, 0.5), 0, "per_step", 2),  # unchecked jumps: no copy of the last one
+        (OuterMomentum(0.7, 0.5, alignment_window=3), 5, "per_step", 3),  # the alignment reads the same last jump
+        (OuterMomentum(0.7, 0.5, alignment_window=3), 0, "per_step", 3),  # which it holds without verification
         (OuterMomentum(0.7, 0.0), 0, "per_step", 1),  # Lookahead: the anchor alone
         (PrimalAverage(), 5, "per_step", 1),  # x; the buffer holds y only while validation sees x
         (PrimalAverage(), 5, "kept", 2),  # x, and the buffer kept for the run
