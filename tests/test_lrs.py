@@ -65,6 +65,11 @@ def test_goals_are_judged_on_medians_and_say_what_is_missing(monkeypatch):
     found["search"][0.3] = _rows([1.0, 1.0, 1.0], [1.0, 1.01, 1.01])  # on time, but 1% worse at equal steps
     assert "floor (>= 0.97x time, <= 1.005 loss) NOT met" in lrs_report.goals("word_lstm", found)[3]
     assert "tuned goal" not in lrs_report.goals("digits_cnn", found)[3]
+    apart = [{**r, "cpu_s": 2.0, "backward": 0.9, "hours_apart": 5.0} for r in _rows([1.0] * 3, [1.0] * 3)]
+    found["search"][0.3] = apart  # twice as fast by the clock of another session, 0.9x in backward passes
+    judged = lrs_report.goals("char_gpt", found)[3]
+    assert "judged on backward passes" in judged and "tuned goal >= 1.1x NOT met" in judged
+    assert "floor (>= 0.97x time, <= 1.005 loss) NOT met" in judged
 
 
 def test_the_idle_cost_counts_only_runs_that_kept_nothing():
