@@ -100,3 +100,21 @@ def test_the_delay_study_forks_one_run_and_reads_each_step_against_not_taking_it
     assert all(r["probe_now"] != stayed[r["fork"]]["probe_now"] for r in moved)  # the step moved the weights
     assert all(set(r) >= {"val_now", "val_after_2", "val_after_4"} for r in result["rows"])
     assert "| 6 | 0 | 1.0000 | 1.0000 | 1.0000 | 1.0000 |" in (tmp_path / "char_gpt_lr0.003_seed0.md").read_text()
+
+
+@pytest.mark.slow
+def test_outer_exit_stops_and_winds_down_the_same_seeds_jumps_where_told():
+    from benchmarks import outer_exit
+
+    runs = {
+        mode: outer_exit.run("char_gpt", 0.003, mode, 31, 16, 0, warmup=4, full_steps=3)
+        for mode in ("plain", "always", "stop", "wind_down")
+    }  # cycles end at 7, 10, ..., 31; each jump's alignment is read at the next cycle's end
+    assert runs["plain"]["alignments"] == [] and runs["plain"]["stopped_at"] is None
+    assert len(runs["always"]["alignments"]) == 8 and runs["always"]["stopped_at"] is None
+    assert runs["stop"]["stopped_at"] == 16 and len(runs["stop"]["alignments"]) == 3  # the jumps at 7, 10, 13
+    assert runs["stop"]["alignments"] == runs["always"]["alignments"][:3]  # the same run up to the stop
+    finals = {mode: r["points"][-1]["val_loss"] for mode, r in runs.items()}
+    assert len(set(finals.values())) == 4  # four different runs
+    text = outer_exit.to_markdown("char_gpt", 0.003, 0, list(runs.values()))
+    assert "| plain | - | 1.0000 (" in text and "| stop | 16 |" in text

@@ -1,0 +1,117 @@
+"""What does stopping `outer`'s jumps mid-run cost? The question behind the alignment verdict's losses.
+
+    python -m benchmarks.outer_exit --task char_gpt --lr 0.009 --stop-at 420
+
+An offline loop (the task's module, optimizer, schedule and batches, one torch thread, no Trainer) trains the same
+seed five ways. Every ``full_steps`` steps after ``warmup`` it makes the :class:`OuterMomentum` jump (the library's
+rule, η = 0.7, μ = 0.5) and reads the jump's alignment with the next cycle:
+
+- ``plain``: no jumps;
+- ``always``: every cycle;
+- ``stop``: every cycle up to ``stop_at``, then none;
+- ``wind_down``: from ``stop_at``, each jump smaller than the last (η towards 1 and μ towards 0 by ``0.7`` a
+  cycle);
+- ``verdict``: until the mean alignment of the last 5 jumps is at most 0 (``alignment_window=5``).
+
+Recorded: the validation loss and the weights' norm along the run, and where the jumps stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import tempfile
+from typing import Any
+
+import torch
+from hydra.utils import instantiate
+
+from benchmarks.extrapolation_delay import _batches, _loss, _optimizer, _train
+from benchmarks.report import write_atomic
+from benchmarks.run import RESULTS
+from benchmarks.tasks import compose_run
+from lightning_hybrid.predictors import OuterMomentum
+
+OUT = RESULTS / "outer_exit"
+MODES = ("plain", "always", "stop", "wind_down", "verdict")
+WIND_DOWN, WINDOW = 0.7, 5
+
+
+def run(task: str, lr: float, mode: str, steps: int, stop_at: int, seed: int, **phases: int) -> dict[str, Any]:
+    """One way through the same seed; ``phases``: ``warmup`` and ``full_steps`` (defaults 60 and 20)."""
+    warmup, k = phases.get("warmup", 60), phases.get("full_steps", 20)
+    with tempfile.TemporaryDirectory() as workdir:
+        cfg = compose_run(task, "default", seed, [f"model.lr={lr}"], workdir)
+    torch.manual_seed(seed)
+    data, model = instantiate(cfg.data), instantiate(cfg.model)
+    clip = cfg.trainer.get("gradient_clip_val")
+    data.setup("fit")
+    model.log = model.log_dict = lambda *a, **kw: None  # no Trainer: nothing to log to
+    val = list(itertools.islice(iter(data.val_dataloader()), 8))
+    opt, sched = _optimizer(model.configure_optimizers())
+    params = [p for p in model.parameters() if p.requires_grad]
+    stream, rule = _batches(data), OuterMomentum(0.7, 0.5)
+    rule.setup(params, keep_jump=True)
+    _train(model, opt, sched, [next(stream) for _ in range(warmup)], clip)
+    anchor = torch._foreach_mul(params, 1.0)
+    points, alignments, jumped, stopped_at = [], [], False, None
+    for step in range(warmup + k, steps + 1, k):
+        _train(model, opt, sched, [next(stream) for _ in range(k)], clip)
+        with torch.no_grad():
+            if jumped:
+                dot, jj, dd = rule.alignment_terms(params, anchor).tolist()
+                alignments.append(dot / math.sqrt(jj * dd) if jj > 0 and dd > 0 else 0.0)
+            norm = math.sqrt(sum(float(p.square().sum()) for p in params))
+        if step % (5 * k) == 0 or step == steps:
+            points.append({"step": step, "val_loss": _loss(model, val), "norm": norm})
+        late = step >= stop_at
+        if mode == "verdict" and stopped_at is None and len(alignments) >= WINDOW:
+            stopped_at = step if sum(alignments[-WINDOW:]) <= 0 else None
+        if mode == "stop" and late:
+            stopped_at = stopped_at or step
+        if mode == "wind_down" and late:
+            shrink = WIND_DOWN ** ((step - stop_at) // k + 1)
+            rule.outer_lr, rule.outer_momentum = 1 - 0.3 * shrink, 0.5 * shrink
+        jumped = mode != "plain" and stopped_at is None
+        with torch.no_grad():
+            if jumped:
+                rule.jump(params, anchor)  # leaves the new point in ``anchor``
+            else:
+                torch._foreach_copy_(anchor, params)
+    return {"mode": mode, "points": points, "alignments": alignments, "stopped_at": stopped_at}
+
+
+def to_markdown(task: str, lr: float, seed: int, runs: list[dict[str, Any]]) -> str:
+    plain = {p["step"]: p["val_loss"] for p in runs[0]["points"]}
+    head = f"### {task}, lr {lr:g}, seed {seed}: validation loss over plain's at the same step (norm in brackets)"
+    steps = [p["step"] for p in runs[0]["points"]]
+    lines = [head, "", "| mode | stopped at | " + " | ".join(str(s) for s in steps) + " |"]
+    lines.append("|---" * (2 + len(steps)) + "|")
+    for r in runs:
+        cells = [f"{p['val_loss'] / plain[p['step']]:.4f} ({p['norm']:.1f})" for p in r["points"]]
+        lines.append(f"| {r['mode']} | {r['stopped_at'] or '-'} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--task", default="char_gpt")
+    parser.add_argument("--lr", type=float, required=True)
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--stop-at", type=int, default=420)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    runs = [run(args.task, args.lr, m, args.steps, args.stop_at, args.seed) for m in MODES]
+    name = f"{args.task}_lr{args.lr:g}_seed{args.seed}"
+    OUT.mkdir(parents=True, exist_ok=True)
+    write_atomic(OUT / f"{name}.json", json.dumps({"task": args.task, "lr": args.lr, "runs": runs}, indent=1))
+    text = to_markdown(args.task, args.lr, args.seed, runs)
+    write_atomic(OUT / f"{name}.md", text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
