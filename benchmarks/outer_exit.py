@@ -11,7 +11,9 @@ rule, η = 0.7, μ = 0.5) and reads the jump's alignment with the next cycle:
 - ``stop``: every cycle up to ``stop_at``, then none;
 - ``wind_down``: from ``stop_at``, each jump smaller than the last (η towards 1 and μ towards 0 by ``0.7`` a
   cycle);
-- ``verdict``: until the mean alignment of the last 5 jumps is at most 0 (``alignment_window=5``).
+- ``verdict``: until the mean alignment of the last 5 jumps is at most 0 (``alignment_window=5``);
+- ``stop_rescaled``: as ``stop``, and at the stop each tensor is scaled to the norm it has in ``plain`` at that
+  step (a diagnostic: is what the jumps leave behind their weights' scale?).
 
 Recorded: the validation loss and the weights' norm along the run, and where the jumps stopped.
 """
@@ -35,12 +37,22 @@ from benchmarks.tasks import compose_run
 from lightning_hybrid.predictors import OuterMomentum
 
 OUT = RESULTS / "outer_exit"
-MODES = ("plain", "always", "stop", "wind_down", "verdict")
+MODES = ("plain", "always", "stop", "wind_down", "verdict", "stop_rescaled")
 WIND_DOWN, WINDOW = 0.7, 5
 
 
-def run(task: str, lr: float, mode: str, steps: int, stop_at: int, seed: int, **phases: int) -> dict[str, Any]:
-    """One way through the same seed; ``phases``: ``warmup`` and ``full_steps`` (defaults 60 and 20)."""
+def run(
+    task: str,
+    lr: float,
+    mode: str,
+    steps: int,
+    stop_at: int,
+    seed: int,
+    norms: list[float] | None = None,
+    **phases: int,
+) -> dict[str, Any]:
+    """One way through the same seed; ``phases``: ``warmup`` and ``full_steps`` (defaults 60 and 20); ``norms``:
+    for ``stop_rescaled``, each tensor's norm in ``plain`` at the stop (``plain`` returns them)."""
     warmup, k = phases.get("warmup", 60), phases.get("full_steps", 20)
     with tempfile.TemporaryDirectory() as workdir:
         cfg = compose_run(task, "default", seed, [f"model.lr={lr}"], workdir)
@@ -69,8 +81,13 @@ def run(task: str, lr: float, mode: str, steps: int, stop_at: int, seed: int, **
         late = step >= stop_at
         if mode == "verdict" and stopped_at is None and len(alignments) >= WINDOW:
             stopped_at = step if sum(alignments[-WINDOW:]) <= 0 else None
-        if mode == "stop" and late:
-            stopped_at = stopped_at or step
+        if mode == "plain" and late and norms is None:
+            norms = [float(p.detach().norm()) for p in params]
+        if mode in ("stop", "stop_rescaled") and late and stopped_at is None:
+            stopped_at = step
+            if mode == "stop_rescaled" and norms is not None:
+                with torch.no_grad():
+                    torch._foreach_mul_(params, [n / float(p.norm()) for n, p in zip(norms, params, strict=True)])
         if mode == "wind_down" and late:
             shrink = WIND_DOWN ** ((step - stop_at) // k + 1)
             rule.outer_lr, rule.outer_momentum = 1 - 0.3 * shrink, 0.5 * shrink
@@ -80,7 +97,7 @@ def run(task: str, lr: float, mode: str, steps: int, stop_at: int, seed: int, **
                 rule.jump(params, anchor)  # leaves the new point in ``anchor``
             else:
                 torch._foreach_copy_(anchor, params)
-    return {"mode": mode, "points": points, "alignments": alignments, "stopped_at": stopped_at}
+    return {"mode": mode, "points": points, "alignments": alignments, "stopped_at": stopped_at, "norms": norms}
 
 
 def to_markdown(task: str, lr: float, seed: int, runs: list[dict[str, Any]]) -> str:
@@ -104,7 +121,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    runs = [run(args.task, args.lr, m, args.steps, args.stop_at, args.seed) for m in MODES]
+    runs = [run(args.task, args.lr, "plain", args.steps, args.stop_at, args.seed)]
+    norms = runs[0]["norms"]
+    runs += [run(args.task, args.lr, m, args.steps, args.stop_at, args.seed, norms) for m in MODES[1:]]
     name = f"{args.task}_lr{args.lr:g}_seed{args.seed}"
     OUT.mkdir(parents=True, exist_ok=True)
     write_atomic(OUT / f"{name}.json", json.dumps({"task": args.task, "lr": args.lr, "runs": runs}, indent=1))

@@ -106,15 +106,17 @@ def test_the_delay_study_forks_one_run_and_reads_each_step_against_not_taking_it
 def test_outer_exit_stops_and_winds_down_the_same_seeds_jumps_where_told():
     from benchmarks import outer_exit
 
-    runs = {
-        mode: outer_exit.run("char_gpt", 0.003, mode, 31, 16, 0, warmup=4, full_steps=3)
-        for mode in ("plain", "always", "stop", "wind_down")
+    plain = outer_exit.run("char_gpt", 0.003, "plain", 31, 16, 0, warmup=4, full_steps=3)
+    runs = {"plain": plain} | {
+        mode: outer_exit.run("char_gpt", 0.003, mode, 31, 16, 0, plain["norms"], warmup=4, full_steps=3)
+        for mode in ("always", "stop", "wind_down", "stop_rescaled")
     }  # cycles end at 7, 10, ..., 31; each jump's alignment is read at the next cycle's end
     assert runs["plain"]["alignments"] == [] and runs["plain"]["stopped_at"] is None
     assert len(runs["always"]["alignments"]) == 8 and runs["always"]["stopped_at"] is None
     assert runs["stop"]["stopped_at"] == 16 and len(runs["stop"]["alignments"]) == 3  # the jumps at 7, 10, 13
     assert runs["stop"]["alignments"] == runs["always"]["alignments"][:3]  # the same run up to the stop
+    assert runs["stop_rescaled"]["stopped_at"] == 16 and all(n > 0 for n in plain["norms"])
     finals = {mode: r["points"][-1]["val_loss"] for mode, r in runs.items()}
-    assert len(set(finals.values())) == 4  # four different runs
+    assert len(set(finals.values())) == 5  # five different runs
     text = outer_exit.to_markdown("char_gpt", 0.003, 0, list(runs.values()))
     assert "| plain | - | 1.0000 (" in text and "| stop | 16 |" in text
