@@ -13,7 +13,9 @@ rule, η = 0.7, μ = 0.5) and reads the jump's alignment with the next cycle:
   cycle);
 - ``verdict``: until the mean alignment of the last 5 jumps is at most 0 (``alignment_window=5``);
 - ``stop_rescaled``: as ``stop``, and at the stop each tensor is scaled to the norm it has in ``plain`` at that
-  step (a diagnostic: is what the jumps leave behind their weights' scale?).
+  step (a diagnostic: is what the jumps leave behind their weights' scale?);
+- ``norm_kept`` and ``norm_kept_stop``: as ``always`` and ``stop``, with each tensor scaled back after every jump
+  to the norm it had before it (a candidate: jumps that change the weights' direction, not their scale).
 
 Recorded: the validation loss and the weights' norm along the run, and where the jumps stopped.
 """
@@ -37,7 +39,7 @@ from benchmarks.tasks import compose_run
 from lightning_hybrid.predictors import OuterMomentum
 
 OUT = RESULTS / "outer_exit"
-MODES = ("plain", "always", "stop", "wind_down", "verdict", "stop_rescaled")
+MODES = ("plain", "always", "stop", "wind_down", "verdict", "stop_rescaled", "norm_kept", "norm_kept_stop")
 WIND_DOWN, WINDOW = 0.7, 5
 
 
@@ -83,7 +85,7 @@ def run(
             stopped_at = step if sum(alignments[-WINDOW:]) <= 0 else None
         if mode == "plain" and late and norms is None:
             norms = [float(p.detach().norm()) for p in params]
-        if mode in ("stop", "stop_rescaled") and late and stopped_at is None:
+        if mode in ("stop", "stop_rescaled", "norm_kept_stop") and late and stopped_at is None:
             stopped_at = step
             if mode == "stop_rescaled" and norms is not None:
                 with torch.no_grad():
@@ -94,7 +96,12 @@ def run(
         jumped = mode != "plain" and stopped_at is None
         with torch.no_grad():
             if jumped:
+                before = [float(n) for n in torch._foreach_norm(params)]
                 rule.jump(params, anchor)  # leaves the new point in ``anchor``
+                if mode.startswith("norm_kept"):
+                    after = [float(n) for n in torch._foreach_norm(params)]
+                    torch._foreach_mul_(params, [b / a if a > 0 else 1.0 for b, a in zip(before, after)])
+                    torch._foreach_copy_(anchor, params)
             else:
                 torch._foreach_copy_(anchor, params)
     return {"mode": mode, "points": points, "alignments": alignments, "stopped_at": stopped_at, "norms": norms}
@@ -119,12 +126,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--stop-at", type=int, default=420)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--modes", nargs="+", choices=MODES[1:], default=list(MODES[1:]), help="besides plain")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     runs = [run(args.task, args.lr, "plain", args.steps, args.stop_at, args.seed)]
     norms = runs[0]["norms"]
-    runs += [run(args.task, args.lr, m, args.steps, args.stop_at, args.seed, norms) for m in MODES[1:]]
-    name = f"{args.task}_lr{args.lr:g}_seed{args.seed}"
+    runs += [run(args.task, args.lr, m, args.steps, args.stop_at, args.seed, norms) for m in args.modes]
+    name = f"{args.task}_lr{args.lr:g}_seed{args.seed}" + ("" if args.modes == list(MODES[1:]) else "_some")
     OUT.mkdir(parents=True, exist_ok=True)
     write_atomic(OUT / f"{name}.json", json.dumps({"task": args.task, "lr": args.lr, "runs": runs}, indent=1))
     text = to_markdown(args.task, args.lr, args.seed, runs)

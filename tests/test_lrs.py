@@ -109,7 +109,7 @@ def test_outer_exit_stops_and_winds_down_the_same_seeds_jumps_where_told():
     plain = outer_exit.run("char_gpt", 0.003, "plain", 31, 16, 0, warmup=4, full_steps=3)
     runs = {"plain": plain} | {
         mode: outer_exit.run("char_gpt", 0.003, mode, 31, 16, 0, plain["norms"], warmup=4, full_steps=3)
-        for mode in ("always", "stop", "wind_down", "stop_rescaled")
+        for mode in ("always", "stop", "wind_down", "stop_rescaled", "norm_kept")
     }  # cycles end at 7, 10, ..., 31; each jump's alignment is read at the next cycle's end
     assert runs["plain"]["alignments"] == [] and runs["plain"]["stopped_at"] is None
     assert len(runs["always"]["alignments"]) == 8 and runs["always"]["stopped_at"] is None
@@ -117,6 +117,6 @@ def test_outer_exit_stops_and_winds_down_the_same_seeds_jumps_where_told():
     assert runs["stop"]["alignments"] == runs["always"]["alignments"][:3]  # the same run up to the stop
     assert runs["stop_rescaled"]["stopped_at"] == 16 and all(n > 0 for n in plain["norms"])
     finals = {mode: r["points"][-1]["val_loss"] for mode, r in runs.items()}
-    assert len(set(finals.values())) == 5  # five different runs
+    assert len(set(finals.values())) == 6  # six different runs
     text = outer_exit.to_markdown("char_gpt", 0.003, 0, list(runs.values()))
     assert "| plain | - | 1.0000 (" in text and "| stop | 16 |" in text
