@@ -41,6 +41,7 @@ HYBRID = {  # configuration -> overrides
     "search_span": ["predictor=search", "predictor.span=6"],  # along the mean of the 6 updates between searches
     "outer": ["predictor=outer"],
     "outer_aligned": ["predictor=outer", "predictor.alignment_window=5"],  # jumps stop once training walks them back
+    "outer_norm": ["predictor=outer", "predictor.keep_norms=true"],  # jumps change direction, not each tensor's scale
 }
 CONFIGS = (*HYBRID, *PEERS)
 

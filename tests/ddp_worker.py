@@ -31,7 +31,12 @@ from tests.helpers import (
 )
 from tests.test_resume import LEARNED, _callbacks
 
-RULES = {"outer": OuterMomentum, "outer_aligned": partial(OuterMomentum, alignment_window=2), "average": PrimalAverage}
+RULES = {
+    "outer": OuterMomentum,
+    "outer_aligned": partial(OuterMomentum, alignment_window=2),
+    "outer_norm": partial(OuterMomentum, keep_norms=True),
+    "average": PrimalAverage,
+}
 SEARCH = {"every": 4, "max_interval": 16}  # a search every 4 steps while they pay
 SEARCHES = {"search": 1, "search_span": 4}  # kind -> span: along the last update, or the mean of the last 4
 STRATEGIES = {

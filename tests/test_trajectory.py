@@ -214,6 +214,34 @@ def test_alignment_is_the_cosine_between_the_last_jump_and_the_displacement_sinc
     assert (dot, jump_sq, moved_sq) == (4.0, 2.0, 9.0)  # cosine 4 / sqrt(18)
 
 
+def test_jumps_that_keep_norms_change_each_tensors_direction_only_and_undo_exactly():
+    torch.manual_seed(0)
+    params = [torch.randn(4, 3), torch.randn(5)]
+    rule = OuterMomentum(0.7, 0.5, keep_norms=True)
+    rule.setup(params, keep_jump=True)
+    anchor = [p + 0.3 * torch.randn_like(p) for p in params]  # the cycle moved from here to ``params``
+    before = [p.clone() for p in params]
+    rule.jump(params, anchor)
+    for p, b in zip(params, before):
+        torch.testing.assert_close(p.norm(), b.norm())
+        assert not torch.allclose(p, b)
+    assert all(torch.equal(a, p) for a, p in zip(anchor, params))  # the new anchor
+    rule.undo(params, anchor)
+    for p, b in zip(params, before):
+        torch.testing.assert_close(p, b)
+
+
+def test_keep_norms_is_refused_where_a_rank_holds_only_shards():
+    from types import SimpleNamespace
+
+    from lightning_hybrid.engine.families.jumps import OuterJumps
+
+    parts = SimpleNamespace(predictor=OuterMomentum(keep_norms=True), bandit=None, monitor=DivergenceCheck())
+    with pytest.raises(ValueError, match="keep_norms"):
+        OuterJumps.check(HybridConfig(), parts, sharded=True)
+    OuterJumps.check(HybridConfig(), parts, sharded=False)
+
+
 def aligned_jump(along, across, window=2):
     rule = FixedJump(along=along, across=across)
     rule.alignment_window = window
@@ -435,7 +463,11 @@ def test_resume_between_a_cycles_end_and_its_jump_is_bitwise_exact(tmp_path):
     assert scheduler_of(resumed_trainer).summary()["jumps_made"] == scheduler_of(trainer).summary()["jumps_made"]
 
 
-ALIGNED = {"outer": lambda: "outer", "outer_aligned": lambda: OuterMomentum(alignment_window=2)}
+ALIGNED = {
+    "outer": lambda: "outer",
+    "outer_aligned": lambda: OuterMomentum(alignment_window=2),
+    "outer_norm": lambda: OuterMomentum(keep_norms=True),
+}
 
 
 @pytest.mark.parametrize("kind", list(ALIGNED))
@@ -529,6 +561,7 @@ def test_what_a_rule_cannot_do_is_refused_before_training(settings, message):
         (dict(outer_momentum=1.0), "outer_momentum"),
         (dict(alignment_window=-1), "alignment_window"),
         (dict(alignment_window=2.5), "alignment_window"),
+        (dict(keep_norms="yes"), "keep_norms"),
     ],
 )
 def test_bad_outer_settings_are_refused_when_built(kwargs, name):
@@ -549,7 +582,7 @@ def test_rules_leave_the_bandit_out_by_default_and_per_step_predictors_keep_it()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["outer", "outer_aligned", "average"])
+@pytest.mark.parametrize("kind", ["outer", "outer_aligned", "outer_norm", "average"])
 def test_ddp_ranks_stay_identical_under_a_rule(tmp_path, kind):
     from tests.test_ddp import run_ranks
 

@@ -82,15 +82,23 @@ class OuterMomentum(TrajectoryRule):
         outer_lr: η, the outer step, in ``(0, 2]``.
         outer_momentum: μ, the outer momentum, in ``[0, 1)``.
         alignment_window: jumps whose mean alignment decides whether jumping goes on (0: it always does).
+        keep_norms: scale each tensor back, after every jump, to the norm it had before it: jumps then change the
+            weights' direction, not their scale (which, under normalization layers, sets the effective step of all
+            later training). Not under ``hybrid_fsdp``.
     """
 
     name = "outer"
     family = "jumps"
 
-    def __init__(self, outer_lr: float = 0.7, outer_momentum: float = 0.5, alignment_window: int = 0) -> None:
+    def __init__(
+        self, outer_lr: float = 0.7, outer_momentum: float = 0.5, alignment_window: int = 0, keep_norms: bool = False
+    ) -> None:
         self.outer_lr = check_float("OuterMomentum", "outer_lr", outer_lr, 0.0, 2.0, open_low=True)
         self.outer_momentum = check_float("OuterMomentum", "outer_momentum", outer_momentum, 0.0, 1.0 - 1e-12)
         self.alignment_window = check_int("OuterMomentum", "alignment_window", alignment_window, 0)
+        if not isinstance(keep_norms, bool):
+            raise ValueError(f"OuterMomentum: `keep_norms` must be a bool; got {keep_norms!r}.")
+        self.keep_norms = keep_norms
         self._b: list[Tensor] = []
         self._jump: list[Tensor] = []
         self._pending: dict[str, Any] | None = None
@@ -122,10 +130,26 @@ class OuterMomentum(TrajectoryRule):
             torch._foreach_mul_(anchor, 1.0 - eta)  # anchor := the jump d = (1 - η) s - η μ b
             if mu > 0:
                 torch._foreach_add_(anchor, self._b, alpha=-eta * mu)
+            before = torch._foreach_norm(params) if self.keep_norms else None
             torch._foreach_add_(params, anchor)
             if self._jump:
                 torch._foreach_copy_(self._jump, anchor)
+            if before is not None:
+                self._scale_back(params, before)
             torch._foreach_copy_(anchor, params)
+
+    def _scale_back(self, params: list[Tensor], before: list[Tensor]) -> None:
+        """``params *= before / |params|`` per tensor; the kept jump becomes the move actually made,
+        ``d + params (1 - 1/scale)``, so that :meth:`undo` still lands on the weights before the jump."""
+        after = torch._foreach_norm(params)
+        torch._foreach_clamp_min_(after, torch.finfo(params[0].dtype).tiny)
+        scale = torch._foreach_div(before, after)
+        torch._foreach_mul_(params, scale)
+        if self._jump:
+            torch._foreach_reciprocal_(scale)
+            torch._foreach_neg_(scale)
+            torch._foreach_add_(scale, 1.0)  # 1 - 1/scale
+            torch._foreach_addcmul_(self._jump, params, scale)
 
     def alignment_terms(self, params: TensorList, anchor: TensorList) -> Tensor:
         """``[jump · d, |jump|², |d|²]`` over this rank's tensors, ``d = params - anchor`` the displacement since the

@@ -56,6 +56,11 @@ class OuterJumps(PredictionFamily):
     @classmethod
     def check(cls, config: HybridConfig, parts: Components, sharded: bool) -> None:
         super().check(config, parts, sharded)
+        if sharded and getattr(parts.predictor, "keep_norms", False):
+            raise ValueError(
+                "OuterMomentum: `keep_norms=True` needs each tensor's whole norm, which a rank holding shards does "
+                "not have; use keep_norms=False under hybrid_fsdp."
+            )
         window = parts.monitor.verify_window
         if window > config.full_steps:
             raise ValueError(
