@@ -17,6 +17,7 @@ import copy
 import itertools
 import json
 import tempfile
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -61,19 +62,38 @@ def _optimizer(conf: Any) -> tuple[torch.optim.Optimizer, Any]:
     return conf["optimizer"], conf["lr_scheduler"]["scheduler"]
 
 
-def study(task: str, lr: float, forks: list[int], after: list[int], span: int, seed: int) -> dict[str, Any]:
+@dataclass
+class Offline:
+    """A task's module, data, optimizer and schedule at one rate and seed, trained without a Trainer."""
+
+    data: Any
+    model: Any
+    opt: torch.optim.Optimizer
+    sched: Any
+    clip: float | None  # the task's Trainer's gradient clipping
+    params: list[torch.Tensor]  # the trainable ones
+    val: list[Any]  # the first 8 validation batches
+
+
+def offline(task: str, lr: float, seed: int) -> Offline:
+    """The task at ``lr`` and ``seed`` as its Trainer would build it, for the loops of the offline studies."""
     with tempfile.TemporaryDirectory() as workdir:
         cfg = compose_run(task, "default", seed, [f"model.lr={lr}"], workdir)
     torch.manual_seed(seed)
     data, model = instantiate(cfg.data), instantiate(cfg.model)
-    clip = cfg.trainer.get("gradient_clip_val")
     data.setup("fit")
     model.log = model.log_dict = lambda *a, **k: None  # no Trainer: nothing to log to
-    val = list(itertools.islice(iter(data.val_dataloader()), 8))
-    stream = _batches(data)
-    probe = [next(_batches(data))]
     opt, sched = _optimizer(model.configure_optimizers())
     params = [p for p in model.parameters() if p.requires_grad]
+    val = list(itertools.islice(iter(data.val_dataloader()), 8))
+    return Offline(data, model, opt, sched, cfg.trainer.get("gradient_clip_val"), params, val)
+
+
+def study(task: str, lr: float, forks: list[int], after: list[int], span: int, seed: int) -> dict[str, Any]:
+    o = offline(task, lr, seed)
+    model, opt, sched, clip, params, val = o.model, o.opt, o.sched, o.clip, o.params, o.val
+    stream = _batches(o.data)
+    probe = [next(_batches(o.data))]
     rows, done = [], 0
     for fork in forks:
         _train(model, opt, sched, [next(stream) for _ in range(fork - span - done)], clip)

@@ -73,6 +73,10 @@ def _cell(values: list[float | None], fmt: str = ".2f", suffix: str = "x") -> st
     return f"{statistics.median(known):{fmt}}{suffix} ({min(known):{fmt}}-{max(known):{fmt}})"
 
 
+def _apart(rows: list[dict]) -> bool:
+    return any((r.get("hours_apart") or 0) > APART_HOURS for r in rows)
+
+
 def task_table(task: str) -> tuple[str, dict[str, dict[float, list[dict]]]]:
     best, own = tuned(task), _own_lr(task)
     sweep = {own * f: json.loads(_path(task, own * f, 0, "plain").read_text())["points"][-1]["val_loss"] for f in SWEEP}
@@ -98,13 +102,7 @@ def task_table(task: str) -> tuple[str, dict[str, dict[float, list[dict]]]]:
             cells = [_cell([r[axis] for r in rows]) for axis in AXES]
             cells += [_cell([r[key] for r in rows], ".3f", "") for key in ("loss", "cost")]
             lines.append(f"| {rate} | {name} | {len(rows)} | " + " | ".join(cells) + " |")
-    apart = [
-        (c, lr)
-        for c, by_lr in found.items()
-        if c != "tuned"
-        for lr, rows in by_lr.items()
-        if any((r["hours_apart"] or 0) > APART_HOURS for r in rows)
-    ]
+    apart = [(c, lr) for c, by_lr in found.items() if c != "tuned" for lr, rows in by_lr.items() if _apart(rows)]
     if apart:
         lines += [
             "",
@@ -126,10 +124,6 @@ def _median(rows: list[dict], key: str) -> float | None:
     """The median over seeds, or ``None`` where a seed never reached the target (or none ran)."""
     values = [r[key] for r in rows]
     return statistics.median(values) if values and None not in values else None
-
-
-def _apart(rows: list[dict]) -> bool:
-    return any((r.get("hours_apart") or 0) > APART_HOURS for r in rows)
 
 
 def goals(task: str, found: dict[str, dict[float, list[dict]]], config: str = "search") -> list[str]:

@@ -23,19 +23,15 @@ Recorded: the validation loss and the weights' norm along the run, and where the
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
-import tempfile
 from typing import Any
 
 import torch
-from hydra.utils import instantiate
 
-from benchmarks.extrapolation_delay import _batches, _loss, _optimizer, _train
+from benchmarks.extrapolation_delay import _batches, _loss, _train, offline
 from benchmarks.report import write_atomic
 from benchmarks.run import RESULTS
-from benchmarks.tasks import compose_run
 from lightning_hybrid.predictors import OuterMomentum
 
 OUT = RESULTS / "outer_exit"
@@ -56,17 +52,9 @@ def run(
     """One way through the same seed; ``phases``: ``warmup`` and ``full_steps`` (defaults 60 and 20); ``norms``:
     for ``stop_rescaled``, each tensor's norm in ``plain`` at the stop (``plain`` returns them)."""
     warmup, k = phases.get("warmup", 60), phases.get("full_steps", 20)
-    with tempfile.TemporaryDirectory() as workdir:
-        cfg = compose_run(task, "default", seed, [f"model.lr={lr}"], workdir)
-    torch.manual_seed(seed)
-    data, model = instantiate(cfg.data), instantiate(cfg.model)
-    clip = cfg.trainer.get("gradient_clip_val")
-    data.setup("fit")
-    model.log = model.log_dict = lambda *a, **kw: None  # no Trainer: nothing to log to
-    val = list(itertools.islice(iter(data.val_dataloader()), 8))
-    opt, sched = _optimizer(model.configure_optimizers())
-    params = [p for p in model.parameters() if p.requires_grad]
-    stream, rule = _batches(data), OuterMomentum(0.7, 0.5)
+    o = offline(task, lr, seed)
+    model, opt, sched, clip, params, val = o.model, o.opt, o.sched, o.clip, o.params, o.val
+    stream, rule = _batches(o.data), OuterMomentum(0.7, 0.5)
     rule.setup(params, keep_jump=True)
     _train(model, opt, sched, [next(stream) for _ in range(warmup)], clip)
     anchor = torch._foreach_mul(params, 1.0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from lightning_hybrid.validation import check_choice, check_float, check_int
+from lightning_hybrid.validation import check_bool, check_choice, check_float, check_int
 
 PREDICT_MEMORY = ("none", "offload", "aggressive")
 PREDICT_PRECISION = ("32", "bf16")
@@ -83,8 +83,7 @@ class HybridConfig:
         check_int(owner, "max_consecutive_rollbacks", self.max_consecutive_rollbacks, 1)
         check_int(owner, "backoff_after", self.backoff_after)
         check_float(owner, "predict_lr_fraction", self.predict_lr_fraction, 0.0, 1.0, open_low=True)
-        if not isinstance(self.enable_prediction, bool):
-            raise ValueError(f"{owner}: `enable_prediction` must be True or False, got {self.enable_prediction!r}")
+        check_bool(owner, "enable_prediction", self.enable_prediction)
         check_choice(owner, "predict_memory", self.predict_memory, PREDICT_MEMORY)
         check_choice(owner, "predict_precision", self.predict_precision, PREDICT_PRECISION)
         check_int(owner, "observe_every", self.observe_every, 1)

@@ -11,6 +11,13 @@ def _fail(owner: str, name: str, value: Any, allowed: str) -> ValueError:
     return ValueError(f"{owner}: `{name}` must be {allowed}, got {value!r}")
 
 
+def check_bool(owner: str, name: str, value: Any) -> bool:
+    """``True`` or ``False`` (not a truthy value: a misspelt YAML string would otherwise pass)."""
+    if not isinstance(value, bool):
+        raise _fail(owner, name, value, "True or False")
+    return value
+
+
 def check_int(owner: str, name: str, value: Any, minimum: int = 0) -> int:
     """An integer (bools refused) no smaller than ``minimum``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:

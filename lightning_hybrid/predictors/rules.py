@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from lightning_hybrid.validation import check_float, check_int
+from lightning_hybrid.validation import check_bool, check_float, check_int
 
 TensorList = Sequence[Tensor]
 
@@ -96,9 +96,7 @@ class OuterMomentum(TrajectoryRule):
         self.outer_lr = check_float("OuterMomentum", "outer_lr", outer_lr, 0.0, 2.0, open_low=True)
         self.outer_momentum = check_float("OuterMomentum", "outer_momentum", outer_momentum, 0.0, 1.0 - 1e-12)
         self.alignment_window = check_int("OuterMomentum", "alignment_window", alignment_window, 0)
-        if not isinstance(keep_norms, bool):
-            raise ValueError(f"OuterMomentum: `keep_norms` must be a bool; got {keep_norms!r}.")
-        self.keep_norms = keep_norms
+        self.keep_norms = check_bool("OuterMomentum", "keep_norms", keep_norms)
         self._b: list[Tensor] = []
         self._jump: list[Tensor] = []
         self._pending: dict[str, Any] | None = None

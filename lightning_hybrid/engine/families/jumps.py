@@ -56,7 +56,7 @@ class OuterJumps(PredictionFamily):
     @classmethod
     def check(cls, config: HybridConfig, parts: Components, sharded: bool) -> None:
         super().check(config, parts, sharded)
-        if sharded and getattr(parts.predictor, "keep_norms", False):
+        if sharded and parts.predictor.keep_norms:
             raise ValueError(
                 "OuterMomentum: `keep_norms=True` needs each tensor's whole norm, which a rank holding shards does "
                 "not have; use keep_norms=False under hybrid_fsdp."
@@ -86,7 +86,7 @@ class OuterJumps(PredictionFamily):
 
     @property
     def alignment_window(self) -> int:
-        return getattr(self.engine.parts.predictor, "alignment_window", 0)
+        return self.engine.parts.predictor.alignment_window
 
     # -- per step ------------------------------------------------------------------------------------------------
     def begin_step(self, step: StepRecord) -> bool:
@@ -176,12 +176,12 @@ class OuterJumps(PredictionFamily):
         ).tolist()
         cosine = dot / math.sqrt(jump_sq * moved_sq) if jump_sq > 0 and moved_sq > 0 else 0.0
         state.alignments.append(cosine)
-        full = len(state.alignments) == self.alignment_window
-        if full and statistics.fmean(state.alignments) <= 0 and state.stopped_at < 0:
+        mean = statistics.fmean(state.alignments)
+        if len(state.alignments) == self.alignment_window and mean <= 0 and state.stopped_at < 0:
             state.stopped_at = e.global_step
             e.info(
                 f"hybrid: outer-momentum jumps stopped at step {e.global_step}: training walked the last "
-                f"{self.alignment_window} back (mean alignment {statistics.fmean(state.alignments):+.3f})"
+                f"{self.alignment_window} back (mean alignment {mean:+.3f})"
             )
 
     def _verdict_in_time(self) -> bool:
