@@ -42,6 +42,7 @@ HYBRID = {  # configuration -> overrides
     "outer": ["predictor=outer"],
     "outer_aligned": ["predictor=outer", "predictor.alignment_window=5"],  # jumps stop once training walks them back
     "outer_norm": ["predictor=outer", "predictor.keep_norms=true"],  # jumps change direction, not each tensor's scale
+    "outer_norm_aligned": ["predictor=outer", "predictor.keep_norms=true", "predictor.alignment_window=5"],  # both
 }
 CONFIGS = (*HYBRID, *PEERS)
 

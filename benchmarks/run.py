@@ -172,6 +172,7 @@ def machine() -> dict[str, Any]:
         "torch": torch.__version__,
         "lightning": lightning.__version__,
         "torch_threads": torch.get_num_threads(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # kernels differ in rounding between these
     }
     if torch.cuda.is_available():
         info["cuda_device"] = torch.cuda.get_device_name()

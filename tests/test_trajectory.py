@@ -467,6 +467,7 @@ ALIGNED = {
     "outer": lambda: "outer",
     "outer_aligned": lambda: OuterMomentum(alignment_window=2),
     "outer_norm": lambda: OuterMomentum(keep_norms=True),
+    "outer_norm_aligned": lambda: OuterMomentum(alignment_window=2, keep_norms=True),
 }
 
 
