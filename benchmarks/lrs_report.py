@@ -126,6 +126,45 @@ def _median(rows: list[dict], key: str) -> float | None:
     return statistics.median(values) if values and None not in values else None
 
 
+def _floor(rows: list[dict]) -> tuple[str, float | None, float | None, bool]:
+    """The clock a cell is judged on, its median time and loss, and whether they hold the floor."""
+    clock = "backward" if _apart(rows) else "cpu_s"
+    time, loss = _median(rows, clock), _median(rows, "loss")
+    return clock, time, loss, time is not None and time >= FLOOR_TIME and loss is not None and loss <= FLOOR_LOSS
+
+
+def _rate(lr: float, best: float) -> str:
+    names = {1 / 3: "tuned/3", 1.0: "tuned", 3.0: "3x tuned"}
+    return next((n for f, n in names.items() if abs(lr / (best * f) - 1) < 1e-6), f"lr {lr:.3g}")
+
+
+def floor_summary(found_by_task: dict[str, dict[str, dict[float, list[dict]]]]) -> str:
+    """Per hybrid configuration, the cells (task and rate) that hold the floor and those that miss it: item 5's
+    test for a default is that none misses, on every task at every rate."""
+    lines = [
+        f"The floor (>= {FLOOR_TIME}x time to target, <= {FLOOR_LOSS} loss at equal steps, medians) across the grid:",
+        "",
+        "| configuration | cells measured | floor held | missed (task at lr: time, loss) |",
+        "|---|---|---|---|",
+    ]
+    for config in HYBRID:
+        held, missed = 0, []
+        for task, found in found_by_task.items():
+            best = tuned(task)
+            for lr, rows in sorted(found.get(config, {}).items()):
+                clock, time, loss, ok = _floor(rows)
+                held += ok
+                if not ok:
+                    mark = "" if clock == "cpu_s" else " bwd"
+                    time_said = "not reached" if time is None else f"{time:.2f}x{mark}"
+                    loss_said = "-" if loss is None else f"{loss:.3f}"
+                    missed.append(f"{task} at {_rate(lr, best)}: {time_said}, {loss_said}")
+        cells = held + len(missed)
+        if cells:
+            lines.append(f"| `{config}` | {cells} | {held} | {'; '.join(missed) or 'none'} |")
+    return "\n".join(lines)
+
+
 def goals(task: str, found: dict[str, dict[float, list[dict]]], config: str = "search") -> list[str]:
     """Each goal of the candidate default at each rate, met or not, from the medians over seeds. Time is CPU time,
     or backward passes where a run ended far from its baseline (their CPU times met different loads)."""
@@ -136,9 +175,7 @@ def goals(task: str, found: dict[str, dict[float, list[dict]]], config: str = "s
         if not rows:
             lines.append(f"- {name}: not measured")
             continue
-        clock = "backward" if _apart(rows) else "cpu_s"
-        time, loss = _median(rows, clock), _median(rows, "loss")
-        floor = time is not None and time >= FLOOR_TIME and loss is not None and loss <= FLOOR_LOSS
+        clock, time, _, floor = _floor(rows)
         said = [f"floor (>= {FLOOR_TIME}x time, <= {FLOOR_LOSS} loss) {'met' if floor else 'NOT met'}"]
         if factor < 1:
             said.append(f"under-tuned goal >= {UNDER_TUNED}x {'met' if (time or 0) >= UNDER_TUNED else 'NOT met'}")
@@ -231,6 +268,7 @@ def report(tasks: list[str]) -> str:
         sections.append(table)
         found_by_task[task] = found
     head = "# Across learning rates\n\n" + __doc__.split("\n\n")[0] + "\n\n" + idle_cost(found_by_task)
+    head += "\n\n" + floor_summary(found_by_task)
     text = head + "\n\n" + "\n\n".join(sections) + "\n"
     write_atomic(OUT / "README.md", text)
     return text

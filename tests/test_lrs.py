@@ -72,6 +72,21 @@ def test_goals_are_judged_on_medians_and_say_what_is_missing(monkeypatch):
     assert "floor (>= 0.97x time, <= 1.005 loss) NOT met" in judged
 
 
+def test_the_floor_summary_names_every_cell_that_misses_it(monkeypatch):
+    monkeypatch.setattr(lrs_report, "tuned", lambda task: 0.3)
+    found = {
+        "a": {
+            "outer": {0.1: _rows([1.2, 1.3, 1.1], [0.98] * 3), 0.3: _rows([0.9, 0.95, 0.96], [1.0] * 3)},
+            "ema": {0.3: _rows([0.5] * 3, [1.2] * 3)},  # a peer: not a candidate default
+        },
+        "b": {"outer": {0.9: _rows([1.0, None, None], [1.02] * 3)}, "search": {0.3: _rows([1.0] * 3, [1.0] * 3)}},
+    }
+    rows = {line.split(" |")[0]: line for line in lrs_report.floor_summary(found).splitlines() if line[:3] == "| `"}
+    assert rows["| `outer`"] == "| `outer` | 3 | 1 | a at tuned: 0.95x, 1.000; b at 3x tuned: not reached, 1.020 |"
+    assert rows["| `search`"] == "| `search` | 1 | 1 | none |"
+    assert set(rows) == {"| `outer`", "| `search`"}
+
+
 def test_the_idle_cost_counts_only_runs_that_kept_nothing():
     kept = _rows([1.0, 1.0], [1.0, 1.0])
     idle = [{**r, "kept": 0, "cost": c} for r, c in zip(_rows([1.0] * 3, [1.0] * 3), (1.01, 1.03, 1.02))]
