@@ -19,6 +19,7 @@ from benchmarks.lrs import CONFIGS, HYBRID, LR_TASKS, OUT, SWEEP, _own_lr, _path
 from benchmarks.report import write_atomic
 
 AXES = {"cpu_s": "CPU time", "backward": "backward passes"}
+RATES = ((1 / 3, "tuned/3"), (1.0, "tuned"), (3.0, "3x tuned"))  # the grid's rates, times the tuned one
 APART_HOURS = 3  # a configuration's run and its plain baseline ended further apart than this: flagged
 
 
@@ -133,9 +134,12 @@ def _floor(rows: list[dict]) -> tuple[str, float | None, float | None, bool]:
     return clock, time, loss, time is not None and time >= FLOOR_TIME and loss is not None and loss <= FLOOR_LOSS
 
 
+def _at(lr: float, best: float, factor: float) -> bool:
+    return abs(lr / (best * factor) - 1) < 1e-6
+
+
 def _rate(lr: float, best: float) -> str:
-    names = {1 / 3: "tuned/3", 1.0: "tuned", 3.0: "3x tuned"}
-    return next((n for f, n in names.items() if abs(lr / (best * f) - 1) < 1e-6), f"lr {lr:.3g}")
+    return next((name for factor, name in RATES if _at(lr, best, factor)), f"lr {lr:.3g}")
 
 
 def floor_summary(found_by_task: dict[str, dict[str, dict[float, list[dict]]]]) -> str:
@@ -169,8 +173,8 @@ def goals(task: str, found: dict[str, dict[float, list[dict]]], config: str = "s
     """Each goal of the candidate default at each rate, met or not, from the medians over seeds. Time is CPU time,
     or backward passes where a run ended far from its baseline (their CPU times met different loads)."""
     best, lines = tuned(task), []
-    for factor, name in ((1 / 3, "tuned/3"), (1.0, "tuned"), (3.0, "3x tuned")):
-        lr = next((x for x in found.get(config, {}) if abs(x / (best * factor) - 1) < 1e-6), None)
+    for factor, name in RATES:
+        lr = next((x for x in found.get(config, {}) if _at(x, best, factor)), None)
         rows = found[config][lr] if lr is not None else []
         if not rows:
             lines.append(f"- {name}: not measured")

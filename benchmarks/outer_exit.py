@@ -15,7 +15,8 @@ rule, η = 0.7, μ = 0.5) and reads the jump's alignment with the next cycle:
 - ``stop_rescaled``: as ``stop``, and at the stop each tensor is scaled to the norm it has in ``plain`` at that
   step (a diagnostic: is what the jumps leave behind their weights' scale?);
 - ``norm_kept`` and ``norm_kept_stop``: as ``always`` and ``stop``, with each tensor scaled back after every jump
-  to the norm it had before it (a candidate: jumps that change the weights' direction, not their scale).
+  to the norm it had before it (``OuterMomentum(keep_norms=True)``: jumps that change the weights' direction, not
+  their scale).
 
 Recorded: the validation loss and the weights' norm along the run, and where the jumps stopped.
 """
@@ -54,7 +55,7 @@ def run(
     warmup, k = phases.get("warmup", 60), phases.get("full_steps", 20)
     o = offline(task, lr, seed)
     model, opt, sched, clip, params, val = o.model, o.opt, o.sched, o.clip, o.params, o.val
-    stream, rule = _batches(o.data), OuterMomentum(0.7, 0.5)
+    stream, rule = _batches(o.data), OuterMomentum(0.7, 0.5, keep_norms=mode.startswith("norm_kept"))
     rule.setup(params, keep_jump=True)
     _train(model, opt, sched, [next(stream) for _ in range(warmup)], clip)
     anchor = torch._foreach_mul(params, 1.0)
@@ -84,12 +85,7 @@ def run(
         jumped = mode != "plain" and stopped_at is None
         with torch.no_grad():
             if jumped:
-                before = [float(n) for n in torch._foreach_norm(params)]
                 rule.jump(params, anchor)  # leaves the new point in ``anchor``
-                if mode.startswith("norm_kept"):
-                    after = [float(n) for n in torch._foreach_norm(params)]
-                    torch._foreach_mul_(params, [b / a if a > 0 else 1.0 for b, a in zip(before, after)])
-                    torch._foreach_copy_(anchor, params)
             else:
                 torch._foreach_copy_(anchor, params)
     return {"mode": mode, "points": points, "alignments": alignments, "stopped_at": stopped_at, "norms": norms}
