@@ -157,13 +157,9 @@ def overheads(call: Call) -> dict[str, Any]:
     from benchmarks import overheads as bench
 
     size, steps, rounds = ("1M", 10, 1) if call.dry else ("25M", 200, 3)
-    modes = {**bench.IDLE_MODES, "outer": ["predictor=outer", "hybrid.warmup_steps=20", "hybrid.full_steps=20"]}
-    original = bench.IDLE_MODES
-    bench.IDLE_MODES = modes
-    try:
-        return bench.ordinary_overhead(size, steps, rounds, call.workdir)
-    finally:
-        bench.IDLE_MODES = original
+    modes = {mode: ("linear", extra) for mode, extra in bench.IDLE_MODES.items()}
+    modes["outer"] = ("outer", ["hybrid.warmup_steps=20", "hybrid.full_steps=20"])
+    return bench.against_plain(size, steps, rounds, call.workdir, modes)
 
 
 GPT2_CONFIGS = {"defaults": [], "outer": ["predictor=outer"], "search": ["predictor=search"]}

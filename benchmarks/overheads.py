@@ -2,6 +2,7 @@
 
     python -m benchmarks.overheads                  # both model sizes, one torch thread; writes overheads.json/.md
     python -m benchmarks.overheads --sizes 1M --quick
+    python -m benchmarks.overheads --sizes 1M --parts rules --rounds 3 --out benchmarks/results/overheads_rules
 
 All runs are the app's character GPT at two sizes, built by the harness like any benchmark run.
 
@@ -17,6 +18,11 @@ All runs are the app's character GPT at two sizes, built by the harness like any
   buffers, oneDNN's first calls).
 - Predict-step cost: mean Predict step over mean Full step of the same run, with the forward check on every
   predicted step (``predict_forward_every=1``) and without it (``0``).
+- What the trajectory rules cost per step (``rules``): ``outer`` with ``keep_norms`` and ``search`` against plain,
+  alternating in this process over a run long enough for ``search`` to back off to its longest gap; every backward
+  pass is kept, so the ratio is the rule's own work (jumps; probe evaluations and searches). Each run's jumps and
+  kept search steps are listed beside it: where ``search`` kept none, its ratio is what it costs a run where it
+  does not pay.
 - Peak memory: each run in its own process (peak RSS is per process); on CUDA the peak allocated/reserved bytes.
   Plain, and each predictor that holds parameter-sized state: ``linear`` tracking (outside Predict) and
   predicting, each with the update's buffer per step and kept (``capture_buffer``), ``outer`` and ``average``.
@@ -57,12 +63,13 @@ SIZES = {  # overrides of the character GPT; parameters: 1.07M and 25.5M
     "25M_batch32": ["model.n_layer=8", "model.n_embd=512", "model.n_head=8", "data.batch_size=32"],
 }
 STEPS = {
-    "1M": {"profile": 160, "overhead": 150, "rounds": 5, "memory": 60},
-    "25M": {"profile": 60, "overhead": 20, "rounds": 5, "memory": 30},
-    "25M_batch32": {"profile": 20, "overhead": 10, "rounds": 3, "memory": 10},
+    "1M": {"profile": 160, "overhead": 150, "rounds": 5, "memory": 60, "rules": 600},
+    "25M": {"profile": 60, "overhead": 20, "rounds": 5, "memory": 30, "rules": 200},
+    "25M_batch32": {"profile": 20, "overhead": 10, "rounds": 3, "memory": 10, "rules": 40},
 }
-PARTS = ("profile", "overhead", "memory")
-QUICK = {"profile": 40, "overhead": 20, "rounds": 1, "memory": 40}
+PARTS = ("profile", "overhead", "rules", "memory")
+QUICK = {"profile": 40, "overhead": 20, "rounds": 1, "memory": 40, "rules": 60}
+QUICK_RULES = ["hybrid.warmup_steps=10", "hybrid.full_steps=10"]  # so that 60 steps hold jumps and searches
 PREDICTING = [  # predict as often as possible, so every component is exercised many times
     "predictor=linear",  # the per-step machinery these figures are about (the app's default is outer)
     "hybrid.warmup_steps=20",
@@ -87,8 +94,8 @@ COMPONENTS = {
 }
 
 
-def _config(size: str, steps: int, workdir: str, extra: list[str]) -> Any:
-    cfg = compose_run("char_gpt", "default", 0, [*SIZES[size], "predictor=linear", *extra], workdir)
+def _config(size: str, steps: int, workdir: str, extra: list[str], predictor: str = "linear") -> Any:
+    cfg = compose_run("char_gpt", "default", 0, [*SIZES[size], f"predictor={predictor}", *extra], workdir)
     with open_dict(cfg):
         cfg.trainer.max_steps = cfg.model.max_steps = steps
         cfg.trainer.limit_val_batches = 0
@@ -176,6 +183,15 @@ IDLE_LABELS = {  # mode -> (what the report calls it, the issue's goal)
 }
 
 
+RULE_MODES = {  # mode -> (predictor, overrides): trajectory rules at their settings in the lrs harness
+    "outer_norm": ("outer", ["predictor.keep_norms=true"]),
+    "search": ("search", []),
+}
+RULE_LABELS = {  # mode -> (what the report calls it, the goal)
+    "outer_norm": ("`outer` with `keep_norms` (jumps every `full_steps`)", None),
+    "search": ("`search` (its probe evaluations and searches included)", "1.01 where it keeps nothing"),
+}
+
 SETTLE = 4  # steps of each run left out of its steady-step time
 
 
@@ -198,11 +214,28 @@ class StepClock(L.Callback):
 
 def ordinary_overhead(size: str, steps: int, rounds: int, workdir: str) -> dict[str, Any]:
     """Hybrid runs that never predict against plain Lightning, alternating, same seed and batches."""
-    times: dict[str, list[float]] = {"plain": [], **{mode: [] for mode in IDLE_MODES}}
+    return against_plain(size, steps, rounds, workdir, {mode: ("linear", extra) for mode, extra in IDLE_MODES.items()})
+
+
+def rule_overhead(size: str, steps: int, rounds: int, workdir: str, extra: list[str]) -> dict[str, Any]:
+    """The trajectory rules (with ``extra`` overrides) against plain Lightning, alternating, same seed and batches
+    (every backward kept)."""
+    modes = {mode: (predictor, [*overrides, *extra]) for mode, (predictor, overrides) in RULE_MODES.items()}
+    return against_plain(size, steps, rounds, workdir, modes)
+
+
+def against_plain(
+    size: str, steps: int, rounds: int, workdir: str, modes: dict[str, tuple[str, list[str]]]
+) -> dict[str, Any]:
+    """Each mode's ``(predictor, overrides)`` and plain Lightning in turn, ``rounds`` times: the per-round ratios of
+    training time, whole fit and steady steps, and what each hybrid run kept (jumps, search steps)."""
+    times: dict[str, list[float]] = {"plain": [], **{mode: [] for mode in modes}}
     steady: dict[str, list[float]] = {label: [] for label in times}
+    kept: dict[str, list[dict[str, int]]] = {mode: [] for mode in modes}
     for _ in range(rounds):
         for label in times:
-            cfg = _config(size, steps, workdir, IDLE_MODES.get(label, []))
+            predictor, extra = modes.get(label, ("linear", []))
+            cfg = _config(size, steps, workdir, extra, predictor)
             trainer, model, data, meter = build_run(cfg, hybrid=label != "plain")
             cuda = trainer.strategy.root_device.type == "cuda"
             clock = StepClock(meter, cuda)
@@ -210,8 +243,11 @@ def ordinary_overhead(size: str, steps: int, rounds: int, workdir: str) -> dict[
             trainer.fit(model, data)
             times[label].append(meter.train_seconds if cuda else meter.train_cpu_seconds)
             steady[label].append(clock.steady_step())
-    ratios = {mode: [h / p for h, p in zip(times[mode], times["plain"])] for mode in IDLE_MODES}
-    steady_ratios = {mode: [h / p for h, p in zip(steady[mode], steady["plain"])] for mode in IDLE_MODES}
+            if label != "plain":
+                c = find_scheduler(trainer).counters
+                kept[label].append({"jumps": c.jumps_made, "searches": c.searches, "search_steps": c.search_steps})
+    ratios = {mode: [h / p for h, p in zip(times[mode], times["plain"])] for mode in modes}
+    steady_ratios = {mode: [h / p for h, p in zip(steady[mode], steady["plain"])] for mode in modes}
     return {
         "clock": "wall_s" if cuda else "cpu_s",
         "steps": steps,
@@ -221,6 +257,7 @@ def ordinary_overhead(size: str, steps: int, rounds: int, workdir: str) -> dict[
         "steady_step_seconds": steady,
         "steady_hybrid_over_plain": {mode: statistics.median(r) for mode, r in steady_ratios.items()},
         "steady_ratios": steady_ratios,
+        "kept": kept,
     }
 
 
@@ -317,6 +354,23 @@ def to_markdown(results: dict[str, Any]) -> str:
                     f"**{o['steady_hybrid_over_plain'][mode]:.3f}** ({min(steady):.3f}-{max(steady):.3f}) "
                     f"(goal <= {goal})"
                 )
+        if "rule_overhead" in r:
+            o = r["rule_overhead"]
+            for mode, (what, goal) in RULE_LABELS.items():
+                ratios, steady = o["ratios"][mode], o["steady_ratios"][mode]
+                kept = ", ".join(
+                    f"{k['jumps']} jumps"
+                    if mode == "outer_norm"
+                    else f"{k['search_steps']} steps kept by {k['searches']} searches"
+                    for k in o["kept"][mode]
+                )
+                lines.append(
+                    f"- {what} / plain over {o['steps']} steps ({o['clock']}, median of {len(ratios)} rounds): whole "
+                    f"fit **{o['hybrid_over_plain'][mode]:.3f}** ({min(ratios):.3f}-{max(ratios):.3f}), steady steps "
+                    f"**{o['steady_hybrid_over_plain'][mode]:.3f}** ({min(steady):.3f}-{max(steady):.3f})"
+                    + (f" (goal <= {goal})" if goal else "")
+                    + f"; kept per round: {kept}"
+                )
         if "predict_step" in r:
             for key, goal in (("with_check", "0.40"), ("without_check", "0.10")):
                 ratio = r["predict_step"][key]
@@ -347,6 +401,7 @@ def main(argv: list[str] | None = None) -> None:
         help="results folder (default: benchmarks/results/<device>; benchmarks/results/quick with --quick)",
     )
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--rounds", type=int, default=None, help="alternating rounds (default: the size's own)")
     parser.add_argument("--memory-child", choices=list(MEMORY_RUNS), help=argparse.SUPPRESS)
     parser.add_argument("--child-steps", type=int, default=40, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -359,6 +414,8 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as workdir:
         for size in args.sizes:
             steps = QUICK if args.quick else STEPS[size]
+            if args.rounds is not None:
+                steps = steps | {"rounds": args.rounds}
             result = results["sizes"][size] = {}
             if "profile" in args.parts:
                 with_check = profile(size, steps["profile"], 1, workdir)
@@ -370,6 +427,9 @@ def main(argv: list[str] | None = None) -> None:
                 }
             if "overhead" in args.parts:
                 result["ordinary_overhead"] = ordinary_overhead(size, steps["overhead"], steps["rounds"], workdir)
+            if "rules" in args.parts:
+                extra = QUICK_RULES if args.quick else []
+                result["rule_overhead"] = rule_overhead(size, steps["rules"], steps["rounds"], workdir, extra)
             if "memory" in args.parts:
                 result["memory"] = memory(size, steps["memory"], args.threads)
     device = "cuda" if torch.cuda.is_available() else "cpu"

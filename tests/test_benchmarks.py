@@ -143,6 +143,9 @@ def test_quick_overheads_time_every_component(tmp_path):
     assert set(overhead["steady_ratios"]) == set(overhead["ratios"])
     for label, fits in overhead["seconds"].items():  # one steady step is a part of its fit
         assert all(0 < step < fit for step, fit in zip(overhead["steady_step_seconds"][label], fits, strict=True))
+    rules = result["rule_overhead"]  # past the warmup: outer_norm jumps and search searches, every backward kept
+    assert {mode: len(r) for mode, r in rules["ratios"].items()} == {"outer_norm": 1, "search": 1}
+    assert rules["kept"]["outer_norm"][0]["jumps"] > 0 and rules["kept"]["search"][0]["searches"] > 0
     memory = result["memory"]
     runs = memory["runs"]
     assert runs["linear_predicting"]["predicted_steps"] > 0 and "predicted_steps" not in runs["plain"]
@@ -153,6 +156,7 @@ def test_quick_overheads_time_every_component(tmp_path):
     text = (tmp_path / "overheads.md").read_text()
     assert all(label in text for label in COMPONENTS)
     assert all(f"Peak memory, `{label}` minus plain" in text for label in labels)
+    assert "`search` (its probe evaluations and searches included) / plain over 60 steps" in text
 
 
 def test_gpt2_sized_task_has_gpt2_small_shape(tmp_path):
