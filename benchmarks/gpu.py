@@ -157,8 +157,7 @@ def overheads(call: Call) -> dict[str, Any]:
     from benchmarks import overheads as bench
 
     size, steps, rounds = ("1M", 10, 1) if call.dry else ("25M", 200, 3)
-    modes = {mode: ("linear", extra) for mode, extra in bench.IDLE_MODES.items()}
-    modes["outer"] = ("outer", ["hybrid.warmup_steps=20", "hybrid.full_steps=20"])
+    modes = {**bench.IDLE_MODES, "outer": ["predictor=outer", "hybrid.warmup_steps=20", "hybrid.full_steps=20"]}
     return bench.against_plain(size, steps, rounds, call.workdir, modes)
 
 

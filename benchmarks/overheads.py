@@ -49,6 +49,7 @@ import lightning as L
 import torch
 from omegaconf import open_dict
 
+from benchmarks.lrs import HYBRID
 from benchmarks.run import machine, results_folder
 from benchmarks.tasks import compose_run
 from lightning_hybrid.callbacks import find_scheduler
@@ -94,8 +95,8 @@ COMPONENTS = {
 }
 
 
-def _config(size: str, steps: int, workdir: str, extra: list[str], predictor: str = "linear") -> Any:
-    cfg = compose_run("char_gpt", "default", 0, [*SIZES[size], f"predictor={predictor}", *extra], workdir)
+def _config(size: str, steps: int, workdir: str, extra: list[str]) -> Any:
+    cfg = compose_run("char_gpt", "default", 0, [*SIZES[size], "predictor=linear", *extra], workdir)
     with open_dict(cfg):
         cfg.trainer.max_steps = cfg.model.max_steps = steps
         cfg.trainer.limit_val_batches = 0
@@ -183,10 +184,7 @@ IDLE_LABELS = {  # mode -> (what the report calls it, the issue's goal)
 }
 
 
-RULE_MODES = {  # mode -> (predictor, overrides): trajectory rules at their settings in the lrs harness
-    "outer_norm": ("outer", ["predictor.keep_norms=true"]),
-    "search": ("search", []),
-}
+RULE_MODES = {mode: HYBRID[mode] for mode in ("outer_norm", "search")}  # the lrs harness's overrides
 RULE_LABELS = {  # mode -> (what the report calls it, the goal)
     "outer_norm": ("`outer` with `keep_norms` (jumps every `full_steps`)", None),
     "search": ("`search` (its probe evaluations and searches included)", "1.01 where it keeps nothing"),
@@ -214,28 +212,25 @@ class StepClock(L.Callback):
 
 def ordinary_overhead(size: str, steps: int, rounds: int, workdir: str) -> dict[str, Any]:
     """Hybrid runs that never predict against plain Lightning, alternating, same seed and batches."""
-    return against_plain(size, steps, rounds, workdir, {mode: ("linear", extra) for mode, extra in IDLE_MODES.items()})
+    return against_plain(size, steps, rounds, workdir, IDLE_MODES)
 
 
 def rule_overhead(size: str, steps: int, rounds: int, workdir: str, extra: list[str]) -> dict[str, Any]:
     """The trajectory rules (with ``extra`` overrides) against plain Lightning, alternating, same seed and batches
     (every backward kept)."""
-    modes = {mode: (predictor, [*overrides, *extra]) for mode, (predictor, overrides) in RULE_MODES.items()}
+    modes = {mode: [*overrides, *extra] for mode, overrides in RULE_MODES.items()}
     return against_plain(size, steps, rounds, workdir, modes)
 
 
-def against_plain(
-    size: str, steps: int, rounds: int, workdir: str, modes: dict[str, tuple[str, list[str]]]
-) -> dict[str, Any]:
-    """Each mode's ``(predictor, overrides)`` and plain Lightning in turn, ``rounds`` times: the per-round ratios of
+def against_plain(size: str, steps: int, rounds: int, workdir: str, modes: dict[str, list[str]]) -> dict[str, Any]:
+    """Each mode's overrides and plain Lightning in turn, ``rounds`` times: the per-round ratios of
     training time, whole fit and steady steps, and what each hybrid run kept (jumps, search steps)."""
     times: dict[str, list[float]] = {"plain": [], **{mode: [] for mode in modes}}
     steady: dict[str, list[float]] = {label: [] for label in times}
     kept: dict[str, list[dict[str, int]]] = {mode: [] for mode in modes}
     for _ in range(rounds):
         for label in times:
-            predictor, extra = modes.get(label, ("linear", []))
-            cfg = _config(size, steps, workdir, extra, predictor)
+            cfg = _config(size, steps, workdir, modes.get(label, []))
             trainer, model, data, meter = build_run(cfg, hybrid=label != "plain")
             cuda = trainer.strategy.root_device.type == "cuda"
             clock = StepClock(meter, cuda)
