@@ -27,6 +27,7 @@ class RunCounters:
     jumps_made: int = 0  # outer's jumps along the trajectory
     jumps_kept: int = 0
     jumps_rejected: int = 0  # counted in `rollbacks` too
+    jump_restarts: int = 0  # jumps not made: the cycle pointed against the outer momentum, which restarted
     searches: int = 0  # probe-verified line searches
     search_steps: int = 0  # repetitions of an update they kept
     invalid_plans: int = 0
@@ -64,6 +65,11 @@ class RunCounters:
         return out
 
 
+def _restarts(summary: dict[str, Any]) -> str:
+    restarts = summary.get("jump_restarts", 0)
+    return f" ({restarts} cycles restarted the momentum instead)" if restarts else ""
+
+
 def format_summary(summary: dict[str, Any]) -> str:
     """A few human-readable lines for the end of ``fit``."""
     steps = summary["steps_by_phase"]
@@ -73,7 +79,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         + ", ".join(f"{k} {v}" for k, v in steps.items())
         + f" | backward skipped {summary['backward_skipped_pct']:.1f}%",
         f"hybrid: {summary['rollbacks']} rollbacks of {summary['segments_started']} predict segments and "
-        f"{summary['jumps_made']} jumps; {summary['search_steps']} steps kept by {summary['searches']} searches"
+        f"{summary['jumps_made']} jumps{_restarts(summary)}; {summary['search_steps']} steps kept by "
+        f"{summary['searches']} searches"
         f" | {summary['nonfinite_steps_skipped']} non-finite and {summary['outlier_steps_skipped']} exploding-gradient"
         f" steps skipped | {summary['backed_off_steps']} steps backed off",
         f"hybrid: wall {summary['wall_time_s']:.1f}s | " + ", ".join(f"{k} {v:.1f}s" for k, v in times.items()),

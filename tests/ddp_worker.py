@@ -35,6 +35,7 @@ RULES = {
     "outer": OuterMomentum,
     "outer_aligned": partial(OuterMomentum, alignment_window=2),
     "outer_norm": partial(OuterMomentum, keep_norms=True),
+    "outer_restart": partial(OuterMomentum, restart=True),
     "average": PrimalAverage,
 }
 SEARCH = {"every": 4, "max_interval": 16}  # a search every 4 steps while they pay

@@ -26,11 +26,11 @@ def test_sweep_grid_and_report_on_a_tiny_task(tiny):
     best = lrs.sweep("tiny")
     assert best == lrs.tuned("tiny")
     assert len(list((tiny / "tiny").glob("*_plain.json"))) == len(lrs.SWEEP)
-    plan = lrs.grid_plan("tiny", ["search", "ema", "schedulefree"])
+    plan = lrs.grid_plan("tiny", ["search", "ema", "schedulefree", "nudged"])
     assert [(round(lr / best, 3), configs) for lr, _, configs in plan] == [
-        (0.333, ["search", "ema", "schedulefree"]),
-        (1.0, ["search", "ema", "schedulefree"]),
-        (3.0, ["search"]),
+        (0.333, ["search", "ema", "schedulefree", "nudged"]),
+        (1.0, ["search", "ema", "schedulefree", "nudged"]),
+        (3.0, ["search", "nudged"]),
     ]
     lrs.grid("tiny", ["search", "ema", "schedulefree"])
     files = sorted(p.name for p in (tiny / "tiny").glob("*.json"))
@@ -40,8 +40,14 @@ def test_sweep_grid_and_report_on_a_tiny_task(tiny):
     stamp = {p: p.stat().st_mtime_ns for p in (tiny / "tiny").glob("*.json")}
     lrs.grid("tiny", ["search", "ema", "schedulefree"])  # nothing left to run: no file rewritten
     assert {p: p.stat().st_mtime_ns for p in (tiny / "tiny").glob("*.json")} == stamp
+    lrs.grid("tiny", ["nudged"])  # the control: plain, at 1.001x each rate
+    for lr, _, _ in plan:
+        nudged, plain = (json.loads(lrs._path("tiny", lr, 0, c).read_text()) for c in ("nudged", "plain"))
+        assert nudged["trained_lr"] == pytest.approx(1.001 * lr) and plain["trained_lr"] == pytest.approx(lr)
+        assert nudged["points"][-1]["val_loss"] != plain["points"][-1]["val_loss"]
     text = lrs_report.report(["tiny"])
     assert "plain at the tuned lr" in text and "`search`" in text and "`schedulefree`" in text
+    assert "| `nudged` (control: plain at 1.001x the rate) | 3 |" in text
     assert (tiny / "tiny.md").exists() and (tiny / "tiny.png").stat().st_size > 0
 
 
@@ -78,13 +84,15 @@ def test_the_floor_summary_names_every_cell_that_misses_it(monkeypatch):
         "a": {
             "outer": {0.1: _rows([1.2, 1.3, 1.1], [0.98] * 3), 0.3: _rows([0.9, 0.95, 0.96], [1.0] * 3)},
             "ema": {0.3: _rows([0.5] * 3, [1.2] * 3)},  # a peer: not a candidate default
+            "nudged": {0.3: _rows([1.0] * 3, [1.01] * 3)},  # the control: judged too, and labelled
         },
         "b": {"outer": {0.9: _rows([1.0, None, None], [1.02] * 3)}, "search": {0.3: _rows([1.0] * 3, [1.0] * 3)}},
     }
     rows = {line.split(" |")[0]: line for line in lrs_report.floor_summary(found).splitlines() if line[:3] == "| `"}
     assert rows["| `outer`"] == "| `outer` | 3 | 1 | a at tuned: 0.95x, 1.000; b at 3x tuned: not reached, 1.020 |"
     assert rows["| `search`"] == "| `search` | 1 | 1 | none |"
-    assert set(rows) == {"| `outer`", "| `search`"}
+    assert rows["| `nudged` (control: plain at 1.001x the rate)"].endswith("| 1 | 0 | a at tuned: 1.00x, 1.010 |")
+    assert set(rows) == {"| `outer`", "| `search`", "| `nudged` (control: plain at 1.001x the rate)"}
 
 
 def test_the_idle_cost_counts_only_runs_that_kept_nothing():

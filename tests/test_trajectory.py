@@ -275,6 +275,43 @@ def test_jumps_that_training_walks_back_stop_where_the_verdict_against_before_ke
     assert w[0] > unjudged_w[0] + 3.0 and sum(losses[-5:]) < sum(unjudged_losses[-5:])
 
 
+def test_momentum_terms_are_the_cycles_displacement_against_the_momentum():
+    rule = OuterMomentum(restart=True)
+    anchor = [torch.tensor([1.0, 2.0]), torch.tensor([[3.0]])]
+    rule.setup(anchor, keep_jump=False)
+    torch._foreach_copy_(rule._b, [torch.tensor([2.0, 0.0]), torch.tensor([[-1.0]])])
+    params = torch._foreach_sub(anchor, [torch.tensor([1.0, 1.0]), torch.tensor([[2.0]])])  # s = (1, 1, 2)
+    assert rule.momentum_terms(params, anchor).tolist() == [0.0, 6.0, 5.0]  # s . b = 2 - 2: orthogonal
+
+
+def target_run(restart, target, steps=66):
+    """SGD halfway to ``target(step)`` each step, under ``outer`` (cycles of 10 after 5 warmup steps)."""
+    model = Valley()
+    config = HybridConfig(warmup_steps=5, full_steps=10)
+    rule = OuterMomentum(restart=restart)
+    batches = lambda step: lambda m: 0.5 * ((m.w - target(step)) ** 2).sum()  # noqa: E731
+    optimizer, monitor = torch.optim.SGD(model.parameters(), lr=0.5), DivergenceCheck(verify_window=0)
+    engine, _ = engine_loop(model, optimizer, rule, steps, batches, config, monitor)
+    return engine.record.counters, model.w.detach()
+
+
+def test_restart_makes_no_jump_where_cycles_turn_back_and_every_jump_where_they_go_on():
+    """Targets that swap sides every cycle: each cycle's displacement points against the momentum the last one
+    left, so every other cycle restarts it and makes no jump (the one after has no momentum to disagree with).
+    A target moving steadily one way: every cycle goes on along the momentum and every jump is made, as without
+    restarts, to the same weights."""
+    swapping = lambda step: 1.0 if ((step - 6) // 10) % 2 == 0 else -1.0  # noqa: E731
+    counters, _ = target_run(True, swapping)
+    assert (counters.jumps_made, counters.jump_restarts) == (3, 3)  # cycles ending at 15, 25, ..., 65: J R J R J R
+    said = format_summary({**counters.summary(), "wall_time_s": 1.0})
+    assert "3 jumps (3 cycles restarted the momentum instead)" in said
+    assert target_run(False, swapping)[0].jumps_made == 6
+    steady = lambda step: 0.1 * step  # noqa: E731
+    (counters, w), (unrestarted, w_plain) = target_run(True, steady), target_run(False, steady)
+    assert (counters.jumps_made, counters.jump_restarts) == (unrestarted.jumps_made, 0) == (6, 0)
+    assert torch.equal(w, w_plain)
+
+
 # ------------------------------------------------------------------------------------------------ Lightning runs
 
 
@@ -468,6 +505,7 @@ ALIGNED = {
     "outer_aligned": lambda: OuterMomentum(alignment_window=2),
     "outer_norm": lambda: OuterMomentum(keep_norms=True),
     "outer_norm_aligned": lambda: OuterMomentum(alignment_window=2, keep_norms=True),
+    "outer_norm_restart": lambda: OuterMomentum(keep_norms=True, restart=True),
 }
 
 
@@ -486,7 +524,7 @@ def test_resume_inside_an_outer_verification_window_is_bitwise_exact(tmp_path, k
         resumed, resumed_trainer = _checkpointed_run(tmp_path / f"resume_{path.stem}", ALIGNED[kind](), ckpt_path=path)
         assert torch.equal(flat_params(resumed), reference), path.name
         summary, want = scheduler_of(resumed_trainer).summary(), scheduler_of(trainer).summary()
-        keys = ("jumps_made", "jumps_kept", "rollbacks", "rollback_reasons")
+        keys = ("jumps_made", "jumps_kept", "jump_restarts", "rollbacks", "rollback_reasons")
         for key in (*keys, "jump_alignment", "jumps_stopped_at") if kind == "outer_aligned" else keys:
             assert summary[key] == want[key], key
     if kind == "outer_aligned":  # the windows resumed held alignments
@@ -563,6 +601,8 @@ def test_what_a_rule_cannot_do_is_refused_before_training(settings, message):
         (dict(alignment_window=-1), "alignment_window"),
         (dict(alignment_window=2.5), "alignment_window"),
         (dict(keep_norms="yes"), "keep_norms"),
+        (dict(restart=1), "restart"),
+        (dict(restart=True, outer_momentum=0.0), "restart"),
     ],
 )
 def test_bad_outer_settings_are_refused_when_built(kwargs, name):
@@ -583,7 +623,7 @@ def test_rules_leave_the_bandit_out_by_default_and_per_step_predictors_keep_it()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["outer", "outer_aligned", "outer_norm", "average"])
+@pytest.mark.parametrize("kind", ["outer", "outer_aligned", "outer_norm", "outer_restart", "average"])
 def test_ddp_ranks_stay_identical_under_a_rule(tmp_path, kind):
     from tests.test_ddp import run_ranks
 
@@ -591,6 +631,7 @@ def test_ddp_ranks_stay_identical_under_a_rule(tmp_path, kind):
     assert not torch.equal(rank0["first_batch"], rank1["first_batch"]), "ranks should see different data"
     assert torch.equal(rank0["params"], rank1["params"])
     assert rank0["summary"]["jumps_made"] == rank1["summary"]["jumps_made"]
+    assert rank0["summary"]["jump_restarts"] == rank1["summary"]["jump_restarts"]
     assert rank0["summary"]["rollback_reasons"] == rank1["summary"]["rollback_reasons"]
     assert rank0["monitor"] == rank1["monitor"]
     for a, b in zip(rank0["rule"].values(), rank1["rule"].values()):

@@ -85,18 +85,29 @@ class OuterMomentum(TrajectoryRule):
         keep_norms: scale each tensor back, after every jump, to the norm it had before it: jumps then change the
             weights' direction, not their scale (which, under normalization layers, sets the effective step of all
             later training). Not under ``hybrid_fsdp``.
+        restart: adaptive restart (O'Donoghue and Candès, 2015) at the cycle's scale: when a cycle's displacement
+            points against the outer momentum (their cosine is at most 0), the momentum is reset and no jump is
+            made, so that an oscillating run trains plainly instead of being pushed along a stale direction.
     """
 
     name = "outer"
     family = "jumps"
 
     def __init__(
-        self, outer_lr: float = 0.7, outer_momentum: float = 0.5, alignment_window: int = 0, keep_norms: bool = False
+        self,
+        outer_lr: float = 0.7,
+        outer_momentum: float = 0.5,
+        alignment_window: int = 0,
+        keep_norms: bool = False,
+        restart: bool = False,
     ) -> None:
         self.outer_lr = check_float("OuterMomentum", "outer_lr", outer_lr, 0.0, 2.0, open_low=True)
         self.outer_momentum = check_float("OuterMomentum", "outer_momentum", outer_momentum, 0.0, 1.0 - 1e-12)
         self.alignment_window = check_int("OuterMomentum", "alignment_window", alignment_window, 0)
         self.keep_norms = check_bool("OuterMomentum", "keep_norms", keep_norms)
+        self.restart = check_bool("OuterMomentum", "restart", restart)
+        if restart and outer_momentum == 0:
+            raise ValueError("OuterMomentum: `restart=True` resets the outer momentum, so it needs outer_momentum > 0")
         self._b: list[Tensor] = []
         self._jump: list[Tensor] = []
         self._pending: dict[str, Any] | None = None
@@ -161,14 +172,30 @@ class OuterMomentum(TrajectoryRule):
                 terms += torch.stack((torch.dot(j, d), torch.dot(j, j), torch.dot(d, d)))
         return terms
 
+    def momentum_terms(self, params: TensorList, anchor: TensorList) -> Tensor:
+        """``[s · b, |s|², |b|²]`` over this rank's tensors, ``s = anchor - params`` the cycle's displacement and ``b``
+        the outer momentum before it takes ``s`` in (one tensor at a time: no parameter copy). Summed over ranks,
+        their cosine decides a restart."""
+        terms = torch.zeros(3, dtype=torch.float64, device=params[0].device if params else "cpu")
+        with torch.no_grad():
+            for p, a, b in zip(params, anchor, self._b, strict=True):
+                s = (a - p).flatten().double()
+                b = b.flatten().double()
+                terms += torch.stack((torch.dot(s, b), torch.dot(s, s), torch.dot(b, b)))
+        return terms
+
+    def reset_momentum(self) -> None:
+        with torch.no_grad():
+            torch._foreach_zero_(self._b)
+
     def undo(self, params: list[Tensor], anchor: list[Tensor]) -> None:
         """Take the last jump back out of ``params`` and ``anchor`` (keeping the ordinary steps since), and restart
         the outer momentum: the failed extrapolation must not carry into the next one."""
         with torch.no_grad():
             torch._foreach_sub_(params, self._jump)
             torch._foreach_sub_(anchor, self._jump)
-            if self._b:
-                torch._foreach_zero_(self._b)
+        if self._b:
+            self.reset_momentum()
 
     def state_dict(self) -> dict[str, Any]:
         return {"b": _host(self._b), "jump": _host(self._jump)}

@@ -3,7 +3,8 @@ runs from an anchor, held in the store's buffer, and after it the weights jump a
 jump is made as the next step starts, judged at that step for divergence, and then by the mean loss of the last
 ``verify_window`` steps of the cycle it starts; a rejected jump is subtracted again. With the rule's
 ``alignment_window``, the jumps are also judged by whether training carries them on or walks them back, and stop
-for the rest of the run once it walks them back."""
+for the rest of the run once it walks them back; with its ``restart``, a cycle whose displacement points against
+the outer momentum resets it and makes no jump."""
 
 from __future__ import annotations
 
@@ -159,12 +160,25 @@ class OuterJumps(PredictionFamily):
         if e.store.trainable_changed():
             copy_(e.store.buffer, e.store.params)  # the cycle's end will track the new set
             return
+        if e.parts.predictor.restart and not self._momentum_agrees():
+            e.parts.predictor.reset_momentum()
+            copy_(e.store.buffer, e.store.params)  # no jump: the next cycle starts from here
+            e.record.counters.jump_restarts += 1
+            return
         e.parts.predictor.jump(e.store.params, e.store.buffer)
         e.collectives.parameters_changed()
         e.record.counters.jumps_made += 1
         e.policy.segment_started()
         state.pending = state.first_check = self.verify_window > 0
         state.aligning = self.alignment_window > 0
+
+    def _momentum_agrees(self) -> bool:
+        """Whether the cycle's displacement points along the outer momentum (or there is none yet)."""
+        e = self.engine
+        dot, s_sq, b_sq = e.collectives.sum_across_ranks(
+            e.parts.predictor.momentum_terms(e.store.params, e.store.buffer)
+        ).tolist()
+        return b_sq == 0 or s_sq == 0 or dot > 0
 
     def _judge_alignment(self) -> None:
         """The cycle after a jump has ended: record the jump's alignment with it (see
