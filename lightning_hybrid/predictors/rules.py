@@ -10,7 +10,7 @@ operations; the engine decides when it acts, verifies and undoes what it did.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -60,6 +60,17 @@ class TrajectoryRule(ABC):
     @abstractmethod
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore state; may be called before :meth:`setup`, which then applies it."""
+
+
+def _cosine_terms(params: TensorList, pairs: Iterable[tuple[Tensor, Tensor]]) -> Tensor:
+    """``[x · y, |x|², |y|²]`` summed over ``pairs`` of tensors, in float64, taken one pair at a time so that a
+    difference in a pair never exists for more than one tensor (no parameter copy)."""
+    terms = torch.zeros(3, dtype=torch.float64, device=params[0].device if params else "cpu")
+    with torch.no_grad():
+        for x, y in pairs:
+            x, y = x.flatten().double(), y.flatten().double()
+            terms += torch.stack((torch.dot(x, y), torch.dot(x, x), torch.dot(y, y)))
+    return terms
 
 
 class OuterMomentum(TrajectoryRule):
@@ -164,25 +175,13 @@ class OuterMomentum(TrajectoryRule):
         """``[jump · d, |jump|², |d|²]`` over this rank's tensors, ``d = params - anchor`` the displacement since the
         last jump (one tensor's difference at a time: no parameter copy). Summed over ranks, their cosine is the
         jump's alignment."""
-        terms = torch.zeros(3, dtype=torch.float64, device=params[0].device if params else "cpu")
-        with torch.no_grad():
-            for p, a, j in zip(params, anchor, self._jump, strict=True):
-                d = (p - a).flatten().double()
-                j = j.flatten().double()
-                terms += torch.stack((torch.dot(j, d), torch.dot(j, j), torch.dot(d, d)))
-        return terms
+        return _cosine_terms(params, ((j, p - a) for p, a, j in zip(params, anchor, self._jump, strict=True)))
 
     def momentum_terms(self, params: TensorList, anchor: TensorList) -> Tensor:
         """``[s · b, |s|², |b|²]`` over this rank's tensors, ``s = anchor - params`` the cycle's displacement and ``b``
         the outer momentum before it takes ``s`` in (one tensor at a time: no parameter copy). Summed over ranks,
         their cosine decides a restart."""
-        terms = torch.zeros(3, dtype=torch.float64, device=params[0].device if params else "cpu")
-        with torch.no_grad():
-            for p, a, b in zip(params, anchor, self._b, strict=True):
-                s = (a - p).flatten().double()
-                b = b.flatten().double()
-                terms += torch.stack((torch.dot(s, b), torch.dot(s, s), torch.dot(b, b)))
-        return terms
+        return _cosine_terms(params, ((a - p, b) for p, a, b in zip(params, anchor, self._b, strict=True)))
 
     def reset_momentum(self) -> None:
         with torch.no_grad():
