@@ -89,7 +89,10 @@ def test_the_floor_summary_names_every_cell_that_misses_it(monkeypatch):
         "b": {"outer": {0.9: _rows([1.0, None, None], [1.02] * 3)}, "search": {0.3: _rows([1.0] * 3, [1.0] * 3)}},
     }
     rows = {line.split(" |")[0]: line for line in lrs_report.floor_summary(found).splitlines() if line[:3] == "| `"}
-    assert rows["| `outer`"] == "| `outer` | 3 | 1 | a at tuned: 0.95x, 1.000; b at 3x tuned: not reached, 1.020 |"
+    assert rows["| `outer`"] == (
+        "| `outer` | 3 | 1 | a at tuned: 0.95x, 1.000 (control nudged 1.00x, 1.010); "
+        "b at 3x tuned: not reached, 1.020 |"
+    )
     assert rows["| `search`"] == "| `search` | 1 | 1 | none |"
     assert rows["| `nudged` (control: plain at 1.001x the rate)"].endswith("| 1 | 0 | a at tuned: 1.00x, 1.010 |")
     assert set(rows) == {"| `outer`", "| `search`", "| `nudged` (control: plain at 1.001x the rate)"}
