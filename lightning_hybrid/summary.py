@@ -66,7 +66,7 @@ class RunCounters:
 
 
 def _restarts(summary: dict[str, Any]) -> str:
-    restarts = summary.get("jump_restarts", 0)
+    restarts = summary["jump_restarts"]
     return f" ({restarts} cycles restarted the momentum instead)" if restarts else ""
 
 

@@ -146,7 +146,8 @@ class OuterJumps(PredictionFamily):
         state.reference, state.spread = mean, spread
         off = e.policy.prediction_off or not e.config.enable_prediction or not e.parts.predictor.moves
         off = off or state.stopped_at >= 0
-        if off or (verify and (not math.isfinite(state.reference) or not self._verdict_in_time())):
+        unjudged = verify and (not math.isfinite(state.reference) or not self._verdict_in_time())
+        if off or unjudged or self._restart_instead():
             copy_(e.store.buffer, e.store.params)  # no jump: the next cycle starts from here
             return
         state.jump_due = True
@@ -160,11 +161,6 @@ class OuterJumps(PredictionFamily):
         if e.store.trainable_changed():
             copy_(e.store.buffer, e.store.params)  # the cycle's end will track the new set
             return
-        if e.parts.predictor.restart and not self._momentum_agrees():
-            e.parts.predictor.reset_momentum()
-            copy_(e.store.buffer, e.store.params)  # no jump: the next cycle starts from here
-            e.record.counters.jump_restarts += 1
-            return
         e.parts.predictor.jump(e.store.params, e.store.buffer)
         e.collectives.parameters_changed()
         e.record.counters.jumps_made += 1
@@ -172,13 +168,20 @@ class OuterJumps(PredictionFamily):
         state.pending = state.first_check = self.verify_window > 0
         state.aligning = self.alignment_window > 0
 
-    def _momentum_agrees(self) -> bool:
-        """Whether the cycle's displacement points along the outer momentum (or there is none yet)."""
+    def _restart_instead(self) -> bool:
+        """With the rule's ``restart``, where the cycle's displacement points against the outer momentum (a cosine
+        at most 0; none while there is no momentum yet): reset the momentum, count it, and say that no jump is due."""
         e = self.engine
+        if not e.parts.predictor.restart:
+            return False
         dot, s_sq, b_sq = e.collectives.sum_across_ranks(
             e.parts.predictor.momentum_terms(e.store.params, e.store.buffer)
         ).tolist()
-        return b_sq == 0 or s_sq == 0 or dot > 0
+        if b_sq == 0 or s_sq == 0 or dot > 0:
+            return False
+        e.parts.predictor.reset_momentum()
+        e.record.counters.jump_restarts += 1
+        return True
 
     def _judge_alignment(self) -> None:
         """The cycle after a jump has ended: record the jump's alignment with it (see
