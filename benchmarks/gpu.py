@@ -12,10 +12,11 @@ Parts, cheap and decisive first: ``sync`` (quiet steps never synchronise, under 
 ``predict_memory`` frees during Predict), ``fp16`` (``16-mixed``: the GradScaler with rollbacks), ``fsdp``
 (``hybrid_fsdp`` on NCCL, where two GPUs are present), ``overheads`` (prediction off, tracking and ``outer`` against
 plain, in one process), and ``gpt2`` (the GPT-2-small-shaped task in bf16 with fused AdamW: plain against the
-defaults, ``outer`` and ``search`` at the task's rate and a third of it, 3 seeds; its length is planned from a
-measured step time and printed first, and its runs carry over calls). Results: ``mechanics.json``, ``overheads.json``,
-``gpt2.json`` and ``README.md`` in ``--out`` (default ``benchmarks/results/gpu/<date>``; four files, within what the
-device tool brings back). A part that fails is recorded with its error; the others still run.
+defaults and the harness's candidate ``outer_norm_restart`` at the task's rate and a third of it, 3 seeds; its
+length is planned from two probe runs to fit the call and printed first, and its runs carry over calls).
+Results: ``mechanics.json``, ``overheads.json``, ``gpt2.json`` and ``README.md`` in ``--out`` (default
+``benchmarks/results/gpu/<date>``; four files, within what the device tool brings back).
+A part that fails is recorded with its error; the others still run.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from typing import Any
 import torch
 from omegaconf import open_dict
 
+from benchmarks.lrs import HYBRID
 from benchmarks.report import write_atomic
 from benchmarks.run import RESULTS, compare_seed, fit, machine
 from benchmarks.tasks import Length, compose_run
@@ -161,26 +163,32 @@ def overheads(call: Call) -> dict[str, Any]:
     return bench.against_plain(size, steps, rounds, call.workdir, modes)
 
 
-GPT2_CONFIGS = {"defaults": [], "outer": ["predictor=outer"], "search": ["predictor=search"]}
+GPT2_CONFIGS = {"defaults": [], "outer_norm_restart": HYBRID["outer_norm_restart"]}  # the default, the candidate
 GPT2_RUNS = 2 * 3 * (1 + len(GPT2_CONFIGS))  # two rates, three seeds, plain and each configuration
 
 
+def _probe(call: Call, steps: int) -> float:
+    """Seconds a plain run of ``steps`` takes, start-up and validation included."""
+    started = time.monotonic()
+    fit(call.config("char_gpt_gpt2", steps, [], val_every=12), hybrid=False)
+    return time.monotonic() - started
+
+
 def gpt2(call: Call, record: dict[str, Any], save: Callable[[], None]) -> dict[str, Any]:
-    """Plain against the defaults, ``outer`` and ``search`` on ``char_gpt_gpt2`` at the task's rate and a third of
-    it, 3 seeds. The length is planned on the first call from a measured step time, to fit about 20 minutes of runs."""
+    """Plain against the defaults and ``outer_norm_restart`` (the harness's candidate) on ``char_gpt_gpt2`` at the
+    task's rate and a third of it, 3 seeds. The length is planned on the first call, from two probe runs (a step's
+    time and a run's fixed cost), to fit what is left of that call, at most 20 minutes of runs."""
     if "plan" not in record:
-        probe = call.config("char_gpt_gpt2", 12, [], val_every=12)
-        started = time.monotonic()
-        fit(probe, hybrid=False)
-        per_step = (time.monotonic() - started) / 12
-        steps = 8 if call.dry else int(min(2000, max(200, 20 * 60 / (per_step * GPT2_RUNS * 1.3))))
-        lr = float(probe.model.lr)
-        record["plan"] = {"steps": steps, "step_s": per_step, "lrs": [lr, lr / 3], "seeds": 3, "minutes": 0.0}
-        record["plan"]["minutes"] = round(per_step * steps * GPT2_RUNS * 1.3 / 60, 1)
-        print(
-            f"gpt2 plan: {steps} steps a run, {per_step:.3f} s a step, about {record['plan']['minutes']} min",
-            flush=True,
-        )
+        _probe(call, 12)  # CUDA's and the data's one-time costs
+        short, long = _probe(call, 12), _probe(call, 36)
+        per_step, fixed = max(1e-3, (long - short) / 24), max(0.0, short - 12 * max(1e-3, (long - short) / 24))
+        minutes = min(20.0, 0.85 * call.left() / 60)
+        steps = int(min(2000, max(200, (minutes * 60 / GPT2_RUNS - fixed) / (per_step * 1.3))))
+        lr = float(call.config("char_gpt_gpt2", 12, []).model.lr)
+        planned = round(GPT2_RUNS * (fixed + per_step * steps * 1.3) / 60, 1)
+        record["plan"] = {"steps": 8 if call.dry else steps, "step_s": per_step, "fixed_s": fixed, "lrs": [lr, lr / 3]}
+        record["plan"] |= {"seeds": 3, "minutes": planned}
+        print(f"gpt2 plan: {steps} steps a run, {per_step:.3f} s a step, {fixed:.1f} s fixed, ~{planned} min")
         save()
     plan, runs = record["plan"], record.setdefault("runs", {})
     for lr in plan["lrs"]:
@@ -189,7 +197,7 @@ def gpt2(call: Call, record: dict[str, Any], save: Callable[[], None]) -> dict[s
                 key = f"lr{lr:.3g}_seed{seed}_{config}"
                 if key in runs:
                     continue
-                if call.left() < plan["step_s"] * plan["steps"] * 1.6:
+                if call.left() < plan.get("fixed_s", 0.0) + plan["step_s"] * plan["steps"] * 1.6:
                     return record | {"complete": False}
                 cfg = call.config(
                     "char_gpt_gpt2", plan["steps"], [f"model.lr={lr}", *GPT2_CONFIGS.get(config, [])], seed
@@ -201,6 +209,8 @@ def gpt2(call: Call, record: dict[str, Any], save: Callable[[], None]) -> dict[s
 
 
 def _gpt2_comparisons(plan: dict[str, Any], runs: dict[str, Any]) -> dict[str, Any]:
+    """Per rate and configuration: speedups to plain's final loss in backward passes and in seconds (None where
+    not reached in plain's steps), and the loss at equal steps."""
     from benchmarks.lrs import _record
 
     out = {}
@@ -210,14 +220,13 @@ def _gpt2_comparisons(plan: dict[str, Any], runs: dict[str, Any]) -> dict[str, A
             for seed in range(plan["seeds"]):
                 base, other = (_record(runs[f"lr{lr:.3g}_seed{seed}_{c}"]) for c in ("plain", config))
                 seeds.append(compare_seed(base, other, plan["steps"]))
-            clock = "wall_s"
-            speedups = [s["to_target"][clock]["speedup"] for s in seeds]
-            known = [v for v in speedups if v is not None]
-            out[f"lr{lr:.3g}_{config}"] = {
-                "speedup_median": statistics.median(known) if len(known) == len(seeds) else None,
-                "speedups": speedups,
-                "loss_equal_steps": [s["loss_ratio_equal_steps"] for s in seeds],
-            }
+            row: dict[str, Any] = {"loss_equal_steps": [s["loss_ratio_equal_steps"] for s in seeds]}
+            for axis in ("backward", "wall_s"):
+                speedups = [s["to_target"][axis]["speedup"] for s in seeds]
+                known = [v for v in speedups if v is not None]
+                row[f"{axis}_speedups"] = speedups
+                row[f"{axis}_median"] = statistics.median(known) if len(known) == len(seeds) else None
+            out[f"lr{lr:.3g}_{config}"] = row
     return out
 
 
