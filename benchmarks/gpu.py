@@ -12,8 +12,9 @@ Parts, cheap and decisive first: ``sync`` (quiet steps never synchronise, under 
 ``predict_memory`` frees during Predict), ``fp16`` (``16-mixed``: the GradScaler with rollbacks), ``fsdp``
 (``hybrid_fsdp`` on NCCL, where two GPUs are present), ``overheads`` (prediction off, tracking and ``outer`` against
 plain, in one process), and ``gpt2`` (the GPT-2-small-shaped task in bf16 with fused AdamW: plain against the
-defaults and the harness's candidate ``outer_norm_restart`` at the task's rate and a third of it, 3 seeds; its
-length is planned from two probe runs to fit the call and printed first, and its runs carry over calls).
+defaults and the harness's candidate ``outer_norm_restart`` at the task's rate, a third of it and 3 times it, 3 seeds,
+and plain alone at a ninth and 9 times it; its length is planned from two probe runs to fit the call and printed
+first, and its runs carry over calls).
 Results: ``mechanics.json``, ``overheads.json``, ``gpt2.json`` and ``README.md`` in ``--out`` (default
 ``benchmarks/results/gpu/<date>``; four files, within what the device tool brings back).
 A part that fails is recorded with its error; the others still run.
@@ -48,6 +49,7 @@ CUDA = torch.cuda.is_available()
 TINY_GPT = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "data.block_size=32", "data.max_bytes=20000"]
 PREDICTING = ["predictor=linear", "hybrid.warmup_steps=20", "hybrid.full_steps=10", "hybrid.confidence_threshold=0.0"]
 PREDICTING += ["hybrid.predict_lr_fraction=1.0", "hybrid.max_consecutive_rollbacks=1000"]
+PREDICTING += ["hybrid.bandit=false", "hybrid.backoff_after=0"]  # keep predicting: these parts measure its mechanics
 MID = ["model.n_layer=8", "model.n_embd=512", "model.n_head=8", "data.batch_size=8"]  # 25M parameters
 
 
@@ -92,35 +94,43 @@ def _summary(cfg: Any, callbacks: list[Any] | None = None) -> dict[str, Any]:
 def sync(call: Call) -> dict[str, Any]:
     """The suite's CUDA test: 40 steps under ``torch.cuda.set_sync_debug_mode("error")``, quiet steps read nothing."""
     test = "tests/test_idle.py::test_quiet_steps_never_synchronise_on_cuda"
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", test], cwd=ROOT, capture_output=True, text=True)
-    return {"passed": done.returncode == 0, "output": done.stdout[-2000:]}
+    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:warnings", "--tb=short", test]
+    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
+    return {"passed": done.returncode == 0, "output": done.stdout[-6000:]}
 
 
 def memory(call: Call) -> dict[str, Any]:
-    """Peak memory per phase of a predicting run (25M parameters), and the memory in use along 2,000 predicting
-    steps: the system this descends from grew from 3.9 to 14.1 GB in 50."""
-    steps = 40 if call.dry else 2000
-    samples: list[tuple[int, int]] = []
-
+    """Peak memory per phase of a predicting run (25M parameters), and the memory in use along 2,000 steps that
+    keep predicting: the system this descends from grew from 3.9 to 14.1 GB in 50. Memory in use differs by phase
+    (a segment holds its snapshot), so growth is read within each phase, from its first sample after the first
+    tenth of the run to its last."""
     from lightning.pytorch.callbacks import Callback
+
+    from lightning_hybrid.callbacks import find_scheduler
+
+    steps = 40 if call.dry else 2000
+    samples: list[tuple[int, str, int]] = []
 
     class Watch(Callback):
         def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
-            if trainer.global_step % max(1, steps // 20) == 0:
+            if trainer.global_step % max(1, steps // 40) == 0:
                 used = torch.cuda.memory_allocated() if CUDA else 0
-                samples.append((trainer.global_step, used))
+                samples.append((trainer.global_step, find_scheduler(trainer).phase.name.lower(), used))
 
     cfg = call.config("char_gpt", steps, [*([] if call.dry else MID), *PREDICTING])
     summary = _summary(cfg, [Watch()])
-    later = [used for step, used in samples if step >= steps // 10]
-    growth = (max(later) - min(later)) / max(min(later), 1) if later and CUDA else None
+    growth: dict[str, float] = {}
+    for phase in {phase for _, phase, _ in samples}:
+        used = [u for step, p, u in samples if p == phase and step >= steps // 10]
+        if len(used) >= 2 and CUDA:
+            growth[phase] = (used[-1] - used[0]) / max(used[0], 1)
     return {
         "steps": steps,
         "memory_peak_bytes_by_phase": summary.get("memory_peak_bytes_by_phase"),
         "allocated_along_the_run": samples,
-        "growth_after_the_first_tenth": growth,
+        "growth_within_each_phase": growth,
         "predicted_steps": summary["steps_by_phase"]["predict"],
-        "flat": growth is not None and growth < 0.01,
+        "flat": bool(growth) and max(growth.values()) < 0.01,
     }
 
 
@@ -164,7 +174,11 @@ def overheads(call: Call) -> dict[str, Any]:
 
 
 GPT2_CONFIGS = {"defaults": [], "outer_norm_restart": HYBRID["outer_norm_restart"]}  # the default, the candidate
-GPT2_RUNS = 2 * 3 * (1 + len(GPT2_CONFIGS))  # two rates, three seeds, plain and each configuration
+GPT2_SEEDS = 3
+# (the rate over the task's, whether the configurations run beside plain), in the order they run: the issue's two
+# rates first, then plain alone (seed 0) at the sweep's ends, which says whether the task's rate is the tuned one
+GPT2_CELLS = ((1.0, True), (1 / 3, True), (1 / 9, False), (9.0, False), (3.0, True))
+GPT2_RUNS = sum(GPT2_SEEDS * (1 + len(GPT2_CONFIGS)) if compared else 1 for _, compared in GPT2_CELLS)
 
 
 def _probe(call: Call, steps: int) -> float:
@@ -174,52 +188,70 @@ def _probe(call: Call, steps: int) -> float:
     return time.monotonic() - started
 
 
+def _gpt2_plan(call: Call) -> dict[str, Any]:
+    """The run length, from two probe runs (a step's time and a run's fixed cost), to fit what is left of this
+    call, at most 20 minutes of runs; a multiple of 10, so that the last of 10 evaluations is at the last step."""
+    _probe(call, 12)  # CUDA's and the data's one-time costs
+    short, long = _probe(call, 12), _probe(call, 36)
+    per_step = max(1e-3, (long - short) / 24)
+    fixed = max(0.0, short - 12 * per_step)
+    minutes = min(20.0, 0.85 * call.left() / 60)
+    steps = 10 * int(min(200, max(20, (minutes * 60 / GPT2_RUNS - fixed) / (per_step * 1.3) / 10)))
+    lr = float(call.config("char_gpt_gpt2", 12, []).model.lr)
+    planned = round(GPT2_RUNS * (fixed + per_step * steps * 1.3) / 60, 1)
+    print(f"gpt2 plan: {steps} steps a run, {per_step:.3f} s a step, {fixed:.1f} s fixed, ~{planned} min")
+    return {"steps": 8 if call.dry else steps, "step_s": per_step, "fixed_s": fixed, "lr": lr, "minutes": planned}
+
+
 def gpt2(call: Call, record: dict[str, Any], save: Callable[[], None]) -> dict[str, Any]:
     """Plain against the defaults and ``outer_norm_restart`` (the harness's candidate) on ``char_gpt_gpt2`` at the
-    task's rate and a third of it, 3 seeds. The length is planned on the first call, from two probe runs (a step's
-    time and a run's fixed cost), to fit what is left of that call, at most 20 minutes of runs."""
+    task's rate, a third of it and 3 times it, 3 seeds, and plain at a ninth and 9 times it (seed 0)."""
     if "plan" not in record:
-        _probe(call, 12)  # CUDA's and the data's one-time costs
-        short, long = _probe(call, 12), _probe(call, 36)
-        per_step, fixed = max(1e-3, (long - short) / 24), max(0.0, short - 12 * max(1e-3, (long - short) / 24))
-        minutes = min(20.0, 0.85 * call.left() / 60)
-        steps = int(min(2000, max(200, (minutes * 60 / GPT2_RUNS - fixed) / (per_step * 1.3))))
-        lr = float(call.config("char_gpt_gpt2", 12, []).model.lr)
-        planned = round(GPT2_RUNS * (fixed + per_step * steps * 1.3) / 60, 1)
-        record["plan"] = {"steps": 8 if call.dry else steps, "step_s": per_step, "fixed_s": fixed, "lrs": [lr, lr / 3]}
-        record["plan"] |= {"seeds": 3, "minutes": planned}
-        print(f"gpt2 plan: {steps} steps a run, {per_step:.3f} s a step, {fixed:.1f} s fixed, ~{planned} min")
+        record["plan"] = _gpt2_plan(call)
         save()
     plan, runs = record["plan"], record.setdefault("runs", {})
-    for lr in plan["lrs"]:
-        for seed in range(plan["seeds"]):
-            for config in ("plain", *GPT2_CONFIGS):
+    base = plan.setdefault("lr", plan["lrs"][0] if "lrs" in plan else None)  # records from before the sweep
+    for factor, compared in GPT2_CELLS:
+        lr = base * factor
+        for seed in range(GPT2_SEEDS if compared else 1):
+            for config in ("plain", *GPT2_CONFIGS) if compared else ("plain",):
                 key = f"lr{lr:.3g}_seed{seed}_{config}"
                 if key in runs:
                     continue
-                if call.left() < plan.get("fixed_s", 0.0) + plan["step_s"] * plan["steps"] * 1.6:
+                if call.left() < plan["fixed_s"] + plan["step_s"] * plan["steps"] * 1.6:
                     return record | {"complete": False}
                 cfg = call.config(
                     "char_gpt_gpt2", plan["steps"], [f"model.lr={lr}", *GPT2_CONFIGS.get(config, [])], seed
                 )
                 runs[key] = fit(cfg, hybrid=config != "plain").to_dict()
                 save()
-    record["comparisons"] = _gpt2_comparisons(plan, runs)
+    record["comparisons"], record["sweep"] = _gpt2_comparisons(base, runs), _gpt2_sweep(base, runs)
     return record | {"complete": True}
 
 
-def _gpt2_comparisons(plan: dict[str, Any], runs: dict[str, Any]) -> dict[str, Any]:
+def _gpt2_sweep(base: float, runs: dict[str, Any]) -> dict[str, Any]:
+    """Plain's final validation loss at each rate (seed 0), and the rate with the lowest: the tuned one."""
+    from benchmarks.lrs import _record
+
+    finals = {}
+    for factor in sorted(factor for factor, _ in GPT2_CELLS):
+        finals[f"{base * factor:.3g}"] = _record(runs[f"lr{base * factor:.3g}_seed0_plain"]).curve.points[-1].val_loss
+    return {"final_val_loss_by_lr": finals, "tuned_lr": min(finals, key=finals.get)}
+
+
+def _gpt2_comparisons(base: float, runs: dict[str, Any]) -> dict[str, Any]:
     """Per rate and configuration: speedups to plain's final loss in backward passes and in seconds (None where
-    not reached in plain's steps), and the loss at equal steps."""
+    not reached in plain's steps), and the loss at plain's last evaluation."""
     from benchmarks.lrs import _record
 
     out = {}
-    for lr in plan["lrs"]:
-        for config in GPT2_CONFIGS:
+    for factor, compared in GPT2_CELLS:
+        lr = base * factor
+        for config in GPT2_CONFIGS if compared else ():
             seeds = []
-            for seed in range(plan["seeds"]):
-                base, other = (_record(runs[f"lr{lr:.3g}_seed{seed}_{c}"]) for c in ("plain", config))
-                seeds.append(compare_seed(base, other, plan["steps"]))
+            for seed in range(GPT2_SEEDS):
+                plain, other = (_record(runs[f"lr{lr:.3g}_seed{seed}_{c}"]) for c in ("plain", config))
+                seeds.append(compare_seed(plain, other, plain.curve.points[-1].step))
             row: dict[str, Any] = {"loss_equal_steps": [s["loss_ratio_equal_steps"] for s in seeds]}
             for axis in ("backward", "wall_s"):
                 speedups = [s["to_target"][axis]["speedup"] for s in seeds]
@@ -311,7 +343,7 @@ def markdown(done: dict[str, Any]) -> str:
 
 
 def _short(result: dict[str, Any]) -> str:
-    keys = ("error", "skipped", "passed", "flat", "growth_after_the_first_tenth", "hybrid_over_plain")
+    keys = ("error", "skipped", "passed", "flat", "growth_within_each_phase", "hybrid_over_plain")
     picked = {k: result[k] for k in keys if k in result} or result
     return json.dumps(picked, default=str)[:400].replace("|", "/")
 

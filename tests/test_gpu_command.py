@@ -21,12 +21,19 @@ def test_the_dry_run_runs_every_part_and_a_second_call_resumes(tmp_path):
         if cpu_reason is not None:
             assert result == {"skipped": cpu_reason}  # by name, with the reason
     assert mechanics["memory"]["predicted_steps"] > 0 and len(mechanics["memory"]["allocated_along_the_run"]) > 1
+    assert {phase for _, phase, _ in mechanics["memory"]["allocated_along_the_run"]} >= {"full", "predict"}
     assert set(mechanics["offload"]) == {"none", "offload", "aggressive"}
     overheads = json.loads((tmp_path / "overheads.json").read_text())["result"]
     assert {"backed_off", "tracking", "outer"} <= set(overheads["hybrid_over_plain"])
     record = json.loads((tmp_path / "gpt2.json").read_text())
-    assert record["complete"] and len(record["runs"]) == gpu.GPT2_RUNS == 18 and record["plan"]["steps"] == 8
-    assert set(record["comparisons"]) == {f"lr{lr:.3g}_{c}" for lr in record["plan"]["lrs"] for c in gpu.GPT2_CONFIGS}
+    assert record["complete"] and len(record["runs"]) == gpu.GPT2_RUNS == 29 and record["plan"]["steps"] == 8
+    rates = [record["plan"]["lr"] * factor for factor in (1, 1 / 3, 3)]
+    assert set(record["comparisons"]) == {f"lr{lr:.3g}_{c}" for lr in rates for c in gpu.GPT2_CONFIGS}
+    assert all(None not in row["loss_equal_steps"] for row in record["comparisons"].values())
+    assert (
+        len(record["sweep"]["final_val_loss_by_lr"]) == 5
+        and record["sweep"]["tuned_lr"] in record["sweep"]["final_val_loss_by_lr"]
+    )
     assert "| gpt2 |" in (tmp_path / "README.md").read_text()
     stamps = {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("*.json")}
     again = gpu.run(list(gpu.PARTS), tmp_path, budget_min=5, dry=True)

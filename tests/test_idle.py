@@ -203,6 +203,28 @@ def test_quiet_steps_never_synchronise_on_cuda(settings):
     assert math.isfinite(float(flat_params(model).sum()))
 
 
+def test_a_gradient_scaler_with_a_fused_optimizer_keeps_its_own_skip_on_quiet_steps(monkeypatch):
+    """The scaler hands a fused step its ``grad_scale`` and ``found_inf`` and takes them back after the step;
+    the plugin must leave them to it (found on a GPU under ``16-mixed``: the scaler's ``del`` failed)."""
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    plugin = MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu"))
+    model = FaultyModel({(Phase.FULL, 8): "nan"}, optimizer="fused_adam")
+    trainer, _ = hybrid_trainer(40, {"enable_prediction": False}, plugins=[plugin], logger=False)
+    quiet_steps: list[int] = []
+    original = StepGuard.check_on_device
+
+    def counting(guard, *args, **kwargs):
+        quiet_steps.append(trainer.global_step)
+        return original(guard, *args, **kwargs)
+
+    monkeypatch.setattr(StepGuard, "check_on_device", counting)
+    trainer.fit(model, loader())
+    assert len(quiet_steps) > 20 and trainer.global_step == 40
+    assert scheduler_of(trainer).summary()["nonfinite_steps_skipped"] == 1  # the scaler skipped it, and we saw it
+    assert math.isfinite(float(flat_params(model).sum()))
+
+
 def test_observe_every_captures_one_update_in_k_and_still_predicts():
     trainer, logger = hybrid_trainer(80, {"observe_every": 3, "min_observations": 3})
     predictor = next(cb for cb in trainer.callbacks if isinstance(cb, DynamicsPredictor)).predictor

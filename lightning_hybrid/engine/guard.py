@@ -124,11 +124,12 @@ class StepGuard:
             optimizer.found_inf, optimizer.grad_scale = bad.float(), None  # read by the fused step, as under AMP
         return torch.stack([loss, grad_norm, nonfinite.float(), outlier.float()])
 
-    @staticmethod
-    def step_done(optimizer: Optimizer) -> None:
-        """Take back the ``found_inf`` a quiet step handed the optimizer."""
-        optimizer.__dict__.pop("found_inf", None)
-        optimizer.__dict__.pop("grad_scale", None)
+    def step_done(self, optimizer: Optimizer) -> None:
+        """Take back the ``found_inf`` a quiet step handed the optimizer. A gradient scaler hands its own and takes
+        them back after the step, which is still running: they are left to it."""
+        if self.scaler is None:
+            optimizer.__dict__.pop("found_inf", None)
+            optimizer.__dict__.pop("grad_scale", None)
 
     def mean_over_ranks(self, values: list[Tensor]) -> list[float]:
         """Average scalars over ranks (identity on one device), so every rank takes the same decision."""
