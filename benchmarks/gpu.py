@@ -1,9 +1,9 @@
 """The GPU proof as one command, for the session that is lent a GPU: everything only a GPU can show, part by part,
 each written as soon as it ends, and resumed from its own results by the next call.
 
-    python -m benchmarks.gpu                       # every part not done yet, within 9 minutes of this call
+    python -m benchmarks.gpu                       # every part not done yet, within 7 minutes of this call
     python -m benchmarks.gpu --parts sync memory   # only these
-    python -m benchmarks.gpu --budget-min 25       # a longer call
+    python -m benchmarks.gpu --budget-min 4        # a shorter call
     python -m benchmarks.gpu --dry-run             # on the CPU, every part at a tiny size (the CUDA-only checks
                                                    # skipped by name): the suite runs this so the command cannot rot
 
@@ -356,7 +356,7 @@ def _short(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
-    parser.add_argument("--budget-min", type=float, default=9.0, help="minutes this call may start work in")
+    parser.add_argument("--budget-min", type=float, default=7.0, help="minutes this call may start work in")
     parser.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU; the CUDA-only parts skipped")
     parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/gpu/<date>")
     args = parser.parse_args(argv)
