@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from omegaconf import open_dict
 
-from benchmarks.lrs import HYBRID
+from benchmarks.lrs import HYBRID, _record
 from benchmarks.report import write_atomic
 from benchmarks.run import RESULTS, compare_seed, fit, machine
 from benchmarks.tasks import Length, compose_run
@@ -210,7 +210,7 @@ def gpt2(call: Call, record: dict[str, Any], save: Callable[[], None]) -> dict[s
         record["plan"] = _gpt2_plan(call)
         save()
     plan, runs = record["plan"], record.setdefault("runs", {})
-    base = plan.setdefault("lr", plan["lrs"][0] if "lrs" in plan else None)  # records from before the sweep
+    base = plan["lr"]
     for factor, compared in GPT2_CELLS:
         lr = base * factor
         for seed in range(GPT2_SEEDS if compared else 1):
@@ -231,8 +231,6 @@ def gpt2(call: Call, record: dict[str, Any], save: Callable[[], None]) -> dict[s
 
 def _gpt2_sweep(base: float, runs: dict[str, Any]) -> dict[str, Any]:
     """Plain's final validation loss at each rate (seed 0), and the rate with the lowest: the tuned one."""
-    from benchmarks.lrs import _record
-
     finals = {}
     for factor in sorted(factor for factor, _ in GPT2_CELLS):
         if (run := runs.get(f"lr{base * factor:.3g}_seed0_plain")) is not None:
@@ -243,8 +241,6 @@ def _gpt2_sweep(base: float, runs: dict[str, Any]) -> dict[str, Any]:
 def _gpt2_comparisons(base: float, runs: dict[str, Any]) -> dict[str, Any]:
     """Per rate and configuration with every seed run: speedups to plain's final loss in backward passes and in
     seconds (None where not reached in plain's steps), and the loss at plain's last evaluation."""
-    from benchmarks.lrs import _record
-
     out = {}
     for factor, compared in GPT2_CELLS:
         lr = base * factor

@@ -239,16 +239,16 @@ def test_a_gradient_scaler_with_a_fused_optimizer_keeps_its_own_skip_on_quiet_st
     plugin = MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu"))
     model = FaultyModel({(Phase.FULL, 8): "nan"}, optimizer="fused_adam")
     trainer, _ = hybrid_trainer(40, {"enable_prediction": False}, plugins=[plugin], logger=False)
-    quiet_steps: list[int] = []
+    guarded_on_device: list[int] = []
     original = StepGuard.check_on_device
 
     def counting(guard, *args, **kwargs):
-        quiet_steps.append(trainer.global_step)
+        guarded_on_device.append(trainer.global_step)
         return original(guard, *args, **kwargs)
 
     monkeypatch.setattr(StepGuard, "check_on_device", counting)
     trainer.fit(model, loader())
-    assert len(quiet_steps) > 20 and trainer.global_step == 40
+    assert len(guarded_on_device) > 20 and trainer.global_step == 40
     assert scheduler_of(trainer).summary()["nonfinite_steps_skipped"] == 1  # the scaler skipped it, and we saw it
     assert math.isfinite(float(flat_params(model).sum()))
 
