@@ -54,7 +54,9 @@ HYBRID = {  # configuration -> overrides
 }
 # Controls: plain, changed by what should not matter. Their rows read the floor's test on noise alone: a cell where
 # plain at a rate 0.1% higher "misses" the floor is one where 5 seeds cannot tell a rule's cost from chaos.
-CONTROLS = {"nudged": 1.001}  # configuration -> the rate's factor
+# `rerun` is plain again at the same rate: on the host that ran the baseline it is plain's curve bit for bit, and
+# on another host it measures what rounding alone does to a baseline from an earlier session.
+CONTROLS = {"nudged": 1.001, "rerun": 1.0}  # configuration -> the rate's factor
 CONFIGS = (*HYBRID, *PEERS, *CONTROLS)
 
 

@@ -117,6 +117,8 @@ def task_table(task: str) -> tuple[str, dict[str, dict[float, list[dict]]]]:
 
 
 def _label(config: str) -> str:
+    if config in CONTROLS and CONTROLS[config] == 1.0:
+        return f"`{config}` (control: plain run again)"
     if config in CONTROLS:
         return f"`{config}` (control: plain at {CONTROLS[config]:g}x the rate)"
     return f"`{config}`"

@@ -45,9 +45,16 @@ def test_sweep_grid_and_report_on_a_tiny_task(tiny):
         nudged, plain = (json.loads(lrs._path("tiny", lr, 0, c).read_text()) for c in ("nudged", "plain"))
         assert nudged["trained_lr"] == pytest.approx(1.001 * lr) and plain["trained_lr"] == pytest.approx(lr)
         assert nudged["points"][-1]["val_loss"] != plain["points"][-1]["val_loss"]
+    lrs.grid("tiny", ["rerun"])  # plain again: on the baseline's host, its curve bit for bit
+    for lr, _, _ in plan:
+        rerun, plain = (json.loads(lrs._path("tiny", lr, 0, c).read_text()) for c in ("rerun", "plain"))
+        assert [p["val_loss"] for p in rerun["points"]][: len(plain["points"])] == [
+            p["val_loss"] for p in plain["points"]
+        ]
     text = lrs_report.report(["tiny"])
     assert "plain at the tuned lr" in text and "`search`" in text and "`schedulefree`" in text
     assert "| `nudged` (control: plain at 1.001x the rate) | 3 |" in text
+    assert "| `rerun` (control: plain run again) | 3 |" in text
     assert (tiny / "tiny.md").exists() and (tiny / "tiny.png").stat().st_size > 0
 
 
