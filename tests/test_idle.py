@@ -13,10 +13,20 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 import lightning_hybrid
-from lightning_hybrid import DynamicsPredictor, Phase
+from lightning_hybrid import DynamicsPredictor, Phase, hybrid_callbacks
 from lightning_hybrid.engine.guard import StepGuard
+from lightning_hybrid.predictors import OuterMomentum
 from tests.faults.common import FaultyModel
-from tests.helpers import RegressionModel, flat_params, hybrid_trainer, loader, phases, scheduler_of
+from tests.helpers import (
+    FAST,
+    RULE_PHASES,
+    RegressionModel,
+    flat_params,
+    hybrid_trainer,
+    loader,
+    phases,
+    scheduler_of,
+)
 
 PACKAGE = str(Path(lightning_hybrid.__file__).parent)
 HOST_READS = ("item", "tolist", "__float__", "__bool__", "__int__")
@@ -143,8 +153,12 @@ def test_a_skipped_quiet_step_leaves_weights_and_optimizer_state_untouched():
 
 @pytest.mark.parametrize(
     ("settings", "at"),
-    [({"confidence_threshold": 1.0, "backoff_after": 1, "full_steps": 5}, 48), ({}, 32)],
-    ids=["backed-off", "predicting"],
+    [
+        ({"confidence_threshold": 1.0, "backoff_after": 1, "full_steps": 5}, 48),
+        ({}, 32),
+        ({"predictor": "outer", **RULE_PHASES}, 32),
+    ],
+    ids=["backed-off", "predicting", "outer"],
 )
 def test_resume_with_quiet_steps_not_yet_read_is_bitwise_exact(tmp_path, settings, at):
     """A checkpoint between two reads holds the unread steps (and, while tracking, the predictor's statistics of
@@ -190,14 +204,16 @@ class SyncDebug(L.Callback):
 
 def quiet_steps(settings):
     """The steps that must read nothing: quiet, and not the one step in ``full_steps`` whose end reads the quiet
-    steps' values in one transfer (so that the outlier limit stays recent); predicting, also neither the first nor
-    the last step of a Full cycle."""
+    steps' values in one transfer (so that the outlier limit stays recent); predicting or jumping, also neither the
+    first step of a Full cycle (a segment's verdict, or a jump's) nor its last (the cycle's end)."""
 
     def quiet(trainer) -> bool:
         engine = scheduler_of(trainer).engine
         if len(engine.deferred) >= engine.config.full_steps - 1:  # this step's end reads the batch
             return False
-        if not settings:
+        if trainer.global_step + 1 == trainer.max_steps:  # the end of fit reads what is left
+            return False
+        if settings.get("enable_prediction", True):
             machine = engine.machine
             return machine.phase is Phase.FULL and 0 < machine.phase_step < machine.full_steps - 1
         return 5 <= trainer.global_step < 25
@@ -205,7 +221,11 @@ def quiet_steps(settings):
     return quiet
 
 
-QUIET_SETTINGS = pytest.mark.parametrize("settings", [{"enable_prediction": False}, {}], ids=["off", "predicting"])
+QUIET_SETTINGS = pytest.mark.parametrize(
+    "settings",
+    [{"enable_prediction": False}, {}, {"predictor": "outer", **RULE_PHASES}],
+    ids=["off", "predicting", "outer"],
+)
 
 
 @QUIET_SETTINGS
@@ -319,3 +339,45 @@ def test_quiet_tracking_learns_exactly_what_reading_every_step_learns(monkeypatc
         torch.cat([t.flatten() for g in quiet_predictor["avg"] for t in g]),
         torch.cat([t.flatten() for g in host_predictor["avg"] for t in g]),
     )
+
+
+OUTER = {"predictor": "outer", **RULE_PHASES}
+
+
+def test_outer_reads_its_cycle_ends_and_the_step_after_each_jump_only(monkeypatch):
+    """``outer`` keeps every backward pass and judges a jump on the step after it: that step is read before its
+    update; the others are quiet, read with the cycle's end (where the jump is decided)."""
+    reads, jumped = HostReads(monkeypatch), []
+    jump = OuterMomentum.jump
+    monkeypatch.setattr(OuterMomentum, "jump", lambda rule, *args: (jumped.append(reads.step), jump(rule, *args)))
+    trainer, _ = hybrid_trainer(
+        40, hybrid=[reads, *hybrid_callbacks(**{**FAST, **OUTER, "bandit": False})], log_every_n_steps=100
+    )  # `reads` first: it knows the step before the engine starts it
+    trainer.fit(FaultyModel(optimizer="fused_adam"), loader())
+    cycle_ends = set(range(11, 41, 6))  # 5 warmup steps, then Full cycles of 6
+    assert jumped == [12, 18, 24, 30]  # none after the cycle ending at 35: its verdict would come after step 40
+    # step 6 reads the 6 steps since the start (the warmup's end decides nothing): the outlier limit stays recent
+    assert set(reads.by_step) == {6} | cycle_ends | set(jumped) | {40}
+
+
+def test_quiet_outer_steps_judge_jumps_exactly_as_reading_every_step_does(monkeypatch):
+    """The same ``outer`` run, read once per cycle and read at every step: same weights, jumps, verdicts,
+    statistics and summary, bitwise, with a NaN on the step after a jump (rejected) and a NaN and an exploding gradient
+    among the quiet steps."""
+    faults = {(Phase.FULL, 13): "nan", (Phase.FULL, 20): "nan", (Phase.FULL, 33): "explosion"}  # step 18: a jump
+    runs = []
+    for device_skip in (True, False):
+        with monkeypatch.context() as patch:
+            if not device_skip:
+                patch.setattr(StepGuard, "skips_on_device", lambda self, optimizer: False)
+            model, trainer = _run(OUTER, 60, FaultyModel(faults, optimizer="fused_adam"), log_every_n_steps=100)
+            runs.append((model, scheduler_of(trainer)))
+    (quiet_model, quiet), (host_model, host) = runs
+    assert [kind for *_, kind in quiet_model.injected] == ["nan", "nan", "explosion"]
+    summary = quiet.summary()
+    assert summary["jumps_made"] >= 5 and summary["jumps_rejected"] >= 1
+    assert summary["nonfinite_steps_skipped"] == summary["outlier_steps_skipped"] == 1
+    strip = lambda summary: {k: v for k, v in summary.items() if "time" not in k}  # noqa: E731
+    assert strip(summary) == strip(host.summary())
+    assert torch.equal(flat_params(quiet_model), flat_params(host_model))
+    assert quiet.monitor.state_dict() == host.monitor.state_dict()

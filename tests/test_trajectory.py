@@ -623,7 +623,9 @@ def test_rules_leave_the_bandit_out_by_default_and_per_step_predictors_keep_it()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["outer", "outer_aligned", "outer_norm", "outer_restart", "average"])
+@pytest.mark.parametrize(
+    "kind", ["outer", "outer_aligned", "outer_norm", "outer_restart", "outer_restart-fused_adam", "average"]
+)  # with fused Adam, `outer`'s steps are quiet: guarded on the device, their readings reduced over ranks there
 def test_ddp_ranks_stay_identical_under_a_rule(tmp_path, kind):
     from tests.test_ddp import run_ranks
 
@@ -636,6 +638,8 @@ def test_ddp_ranks_stay_identical_under_a_rule(tmp_path, kind):
     assert rank0["monitor"] == rank1["monitor"]
     for a, b in zip(rank0["rule"].values(), rank1["rule"].values()):
         assert all(torch.equal(x, y) for x, y in zip(a, b))
+    if kind.startswith("outer"):
+        assert rank0["summary"]["jumps_made"] >= 3
     if kind == "outer":
         assert rank0["summary"]["jumps_made"] == (60 - 5) // 6 - 1  # not the last: it could not be verified
     if kind == "outer_aligned":

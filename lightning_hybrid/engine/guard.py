@@ -112,17 +112,18 @@ class StepGuard:
         grad_sq = sq_norm(grads) if grads else torch.zeros((), device=device)
         grad_norm = self.collectives.sum_across_ranks(grad_sq).sqrt()
         values = torch.stack([loss.to(device=device, dtype=torch.float32), grad_norm.float()])
-        loss, grad_norm = self.collectives.reduce(values, reduce_op="mean").unbind()
-        if self.scaler is not None:
-            grad_norm = grad_norm / self.scaler._get_scale_async()  # a device tensor: get_scale() would read it
-        nonfinite = ~(loss.isfinite() & grad_norm.isfinite())
-        outlier = grad_norm > outlier_limit
+        values = self.collectives.reduce(values, reduce_op="mean")  # [loss, grad_norm]
+        if self.scaler is not None:  # unscaled by a device tensor: get_scale() would read it
+            values = torch.cat([values[:1], values[1:] / self.scaler._get_scale_async()])
+        # few small kernels, as each is a launch on every quiet step: x * 0 is 0 for finite x, nan for inf or nan
+        nonfinite = (values * 0).ne(0).any()
+        outlier = values[1] > outlier_limit
         bad = nonfinite | outlier
         if self.scaler is not None:
             torch._foreach_mul_(grads, torch.where(bad, math.nan, 1.0))  # the scaler skips non-finite gradients
         else:
             optimizer.found_inf, optimizer.grad_scale = bad.float(), None  # read by the fused step, as under AMP
-        return torch.stack([loss, grad_norm, nonfinite.float(), outlier.float()])
+        return torch.cat([values, torch.stack([nonfinite, outlier]).float()])
 
     def step_done(self, optimizer: Optimizer) -> None:
         """Take back the ``found_inf`` a quiet step handed the optimizer. A gradient scaler hands its own and takes

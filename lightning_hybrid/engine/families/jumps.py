@@ -1,10 +1,11 @@
 """``outer`` jumps (the SNOO / one-worker DiLoCo outer-momentum rule): every backward pass is kept; each Full cycle
 runs from an anchor, held in the store's buffer, and after it the weights jump along the cycle's displacement. A
 jump is made as the next step starts, judged at that step for divergence, and then by the mean loss of the last
-``verify_window`` steps of the cycle it starts; a rejected jump is subtracted again. With the rule's
-``alignment_window``, the jumps are also judged by whether training carries them on or walks them back, and stop
-for the rest of the run once it walks them back; with its ``restart``, a cycle whose displacement points against
-the outer momentum resets it and makes no jump."""
+``verify_window`` steps of the cycle it starts; a rejected jump is subtracted again. Only the step after a jump is
+read before its update; the others are quiet (guarded on the device where the optimizer allows, read per cycle).
+With the rule's ``alignment_window``, the jumps are also judged by whether training carries them on or walks them
+back, and stop for the rest of the run once it walks them back; with its ``restart``, a cycle whose displacement
+points against the outer momentum resets it and makes no jump."""
 
 from __future__ import annotations
 
@@ -91,14 +92,16 @@ class OuterJumps(PredictionFamily):
 
     # -- per step ------------------------------------------------------------------------------------------------
     def begin_step(self, step: StepRecord) -> bool:
-        """Make the jump the last cycle decided on; or, at the first Full step, take the first anchor."""
+        """Make the jump the last cycle decided on; or, at the first Full step, take the first anchor. Every step
+        may be quiet but the first after a jump, whose loss is judged before its update: the others' losses feed
+        statistics and the verification window, which the engine fills in order before each cycle's end."""
         state, store = self.state, self.engine.store
         if state.jump_due:
             self._jump()
         if step.phase is Phase.FULL and not step.backed_off and not state.started:
             copy_(store.buffer, store.params)
             state.started = True
-        return False
+        return not state.first_check
 
     def judge(self, loss: float) -> bool:
         """The first ordinary step after a jump: undo it at once if it diverged (the step's own update, computed at
