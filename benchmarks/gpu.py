@@ -9,12 +9,14 @@ each written as soon as it ends, and resumed from its own results by the next ca
 
 Parts, cheap and decisive first: ``sync`` (quiet steps never synchronise, under ``set_sync_debug_mode("error")``),
 ``memory`` (peak and steady memory per phase; memory flat over 2,000 predicting steps), ``offload`` (what
-``predict_memory`` frees during Predict), ``fp16`` (``16-mixed``: the GradScaler with rollbacks), ``fsdp``
-(``hybrid_fsdp`` on NCCL, where two GPUs are present), ``overheads`` (prediction off, tracking and ``outer`` against
-plain, in one process), and ``gpt2`` (the GPT-2-small-shaped task in bf16 with fused AdamW: plain against the
-defaults and the harness's candidate ``outer_norm_restart`` at the task's rate, a third of it and 3 times it, 3 seeds,
-and plain alone at a ninth and 9 times it; its length is planned from two probe runs to fit the call and printed
-first, and its runs carry over calls).
+``predict_memory`` frees during Predict), ``outer_memory`` (device memory between cycle ends of ``outer``, with
+and without ``state_on_host``, in parameter copies above plain), ``fp16`` (``16-mixed``: the GradScaler with
+rollbacks), ``fsdp`` (``hybrid_fsdp`` on NCCL, where two GPUs are present), ``overheads`` (prediction off, tracking
+and ``outer``, with and without ``state_on_host``, against plain, in one process), and ``gpt2`` (the
+GPT-2-small-shaped task in bf16 with fused AdamW: plain against the defaults and the harness's candidate
+``outer_norm_restart`` at the task's rate, a third of it and 3 times it, 3 seeds, and plain alone at a ninth and 9
+times it; its length is planned from two probe runs to fit the call and printed first, and its runs carry over
+calls).
 Results: ``mechanics.json``, ``overheads.json``, ``gpt2.json`` and ``README.md`` in ``--out`` (default
 ``benchmarks/results/gpu/<date>``; four files, within what the device tool brings back).
 A part that fails is recorded with its error; the others still run.
@@ -146,6 +148,52 @@ def offload(call: Call) -> dict[str, Any]:
     return out
 
 
+OUTER_CYCLES = ["hybrid.warmup_steps=20", "hybrid.full_steps=20"]
+OUTER_ON_HOST = [*HYBRID["outer_norm_restart"], "predictor.state_on_host=true"]
+
+
+def outer_memory(call: Call) -> dict[str, Any]:
+    """Device memory between cycle ends, in parameter copies above plain's (25M parameters, 120 steps): the median
+    of the bytes allocated after each step of the run's second half. ``outer_norm_restart`` holds the anchor, ``b``
+    and the last jump (3 by construction); with ``state_on_host``, the anchor alone (1). Also each run's peak."""
+    from lightning.pytorch.callbacks import Callback
+
+    from lightning_hybrid.callbacks import find_scheduler
+    from lightning_hybrid.runner import build_run
+
+    steps, cycles = (40, ["hybrid.warmup_steps=5", "hybrid.full_steps=10"]) if call.dry else (120, OUTER_CYCLES)
+    runs = {"plain": None, "outer_norm_restart": HYBRID["outer_norm_restart"], "state_on_host": OUTER_ON_HOST}
+    out: dict[str, Any] = {}
+
+    class Watch(Callback):
+        def __init__(self) -> None:
+            self.after_step: list[int] = []
+
+        def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+            if trainer.global_step > steps // 2 and CUDA:
+                self.after_step.append(torch.cuda.memory_allocated())
+
+    for label, overrides in runs.items():
+        watch = Watch()
+        cfg = call.config("char_gpt", steps, [*([] if call.dry else MID), *(overrides or []), *cycles])
+        trainer, model, data, _ = build_run(cfg, hybrid=overrides is not None, extra_callbacks=[watch])
+        if CUDA:
+            torch.cuda.reset_peak_memory_stats()
+        trainer.fit(model, data)
+        copy = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+        out[label] = {
+            "between_steps_bytes": statistics.median(watch.after_step) if watch.after_step else None,
+            "peak_bytes": torch.cuda.max_memory_allocated() if CUDA else None,
+            "parameter_copy_bytes": copy,
+            "jumps_made": find_scheduler(trainer).summary(trainer)["jumps_made"] if overrides else None,
+        }
+    plain = out["plain"]["between_steps_bytes"]
+    for label in ("outer_norm_restart", "state_on_host"):
+        held = out[label]["between_steps_bytes"]
+        out[label]["copies_above_plain"] = (held - plain) / out[label]["parameter_copy_bytes"] if plain else None
+    return out
+
+
 def fp16(call: Call) -> dict[str, Any]:
     """``16-mixed`` with its GradScaler, predicting at full rate so that segments are rolled back."""
     cfg = call.config("char_gpt", 300, [*MID, *PREDICTING, "hybrid=aggressive", "trainer.precision=16-mixed"])
@@ -169,7 +217,8 @@ def overheads(call: Call) -> dict[str, Any]:
     from benchmarks import overheads as bench
 
     size, steps, rounds = ("1M", 10, 1) if call.dry else ("25M", 200, 3)
-    modes = {**bench.IDLE_MODES, "outer": ["predictor=outer", "hybrid.warmup_steps=20", "hybrid.full_steps=20"]}
+    outer = {"outer": ["predictor=outer", *OUTER_CYCLES], "outer_on_host": [*OUTER_ON_HOST, *OUTER_CYCLES]}
+    modes = {**bench.IDLE_MODES, **outer}
     return bench.against_plain(size, steps, rounds, call.workdir, modes)
 
 
@@ -266,6 +315,7 @@ MECHANICS: dict[str, tuple[Callable[[Call], dict[str, Any]], float, str | None]]
     "sync": (sync, 1.0, "needs CUDA: torch.cuda.set_sync_debug_mode"),
     "memory": (memory, 3.0, None),
     "offload": (offload, 1.5, None),
+    "outer_memory": (outer_memory, 1.5, None),
     "fp16": (fp16, 1.0, "needs CUDA: 16-mixed and its GradScaler"),
     "fsdp": (fsdp, 2.0, "needs two CUDA devices and NCCL"),
 }

@@ -82,3 +82,87 @@ class OptimizerStateOffload:
         if self._pending is not None:
             torch.cuda.current_stream(self._pending.device).wait_stream(self._pending)
             self._pending = None
+
+
+class HostHeld:
+    """Tensors shaped like a list of device tensors, held in host memory and on the device only while in use.
+
+    :meth:`on_device` brings them over (or, with ``fill=False``, allocates room for values about to be written) and
+    keeps them there until :meth:`put_away`, which copies them back if they were written and lets the device
+    copies go. On CUDA the host copies are pinned and the copy back runs on a side stream, so it overlaps the steps
+    that follow; the next :meth:`on_device` waits for it on the device and :meth:`values` on the host. The same
+    path runs on a CPU (where it saves nothing and costs the copies), which is how it is tested without a GPU.
+    """
+
+    def __init__(self, like: list[Tensor]) -> None:
+        self.host = [host_like(t).zero_() for t in like]
+        self._device = like[0].device if like else torch.device("cpu")
+        self._on_device: list[Tensor] | None = None
+        self._written = False
+        self._stream: torch.cuda.Stream | None = None
+        self._copied: torch.cuda.Event | None = None  # the last copy back, on the side stream
+
+    @property
+    def held(self) -> bool:
+        """Whether device copies exist now."""
+        return self._on_device is not None
+
+    def on_device(self, fill: bool = True, write: bool = False) -> list[Tensor]:
+        """The tensors on the device: the host values (``fill``) or uninitialised room; ``write``: they will change."""
+        if self._on_device is None:
+            cuda = self._device.type == "cuda"
+            if cuda and self._copied is not None:
+                torch.cuda.current_stream(self._device).wait_event(self._copied)  # the host copies are complete
+            if fill:
+                self._on_device = [h.to(self._device, non_blocking=cuda, copy=True) for h in self.host]
+            else:
+                self._on_device = [torch.empty_like(h, device=self._device) for h in self.host]
+        self._written = self._written or write or not fill
+        return self._on_device
+
+    def put_away(self) -> None:
+        """Copy the device copies back if they were written, and let them go."""
+        on_device, self._on_device = self._on_device, None
+        if on_device is None or not self._written:
+            self._written = False
+            return
+        if self._device.type != "cuda":
+            with torch.no_grad():
+                torch._foreach_copy_(self.host, on_device)
+        else:
+            current = torch.cuda.current_stream(self._device)
+            if self._stream is None:
+                self._stream = torch.cuda.Stream(self._device)
+            self._stream.wait_stream(current)  # the values are written by kernels still queued there
+            with torch.cuda.stream(self._stream):
+                for h, t in zip(self.host, on_device):
+                    h.copy_(t, non_blocking=True)
+                    t.record_stream(self._stream)  # not reused before the copy has read it
+                self._copied = torch.cuda.Event()
+                self._copied.record(self._stream)
+        self._written = False
+
+    def zero_(self) -> None:
+        """Set every value to zero, on the host (any device copies are dropped first)."""
+        self._drop()
+        for h in self.host:
+            h.zero_()
+
+    def _drop(self) -> None:
+        self._on_device, self._written = None, False
+        if self._copied is not None:
+            self._copied.synchronize()
+
+    def values(self) -> list[Tensor]:
+        """The current values, on the host (for a checkpoint): the device copies if held, else the host ones."""
+        if self._on_device is not None:
+            return [t.detach().to("cpu", copy=True) for t in self._on_device]
+        if self._copied is not None:
+            self._copied.synchronize()
+        return [t.clone() for t in self.host]
+
+    def load(self, values: list[Tensor]) -> None:
+        """Set the values (from a checkpoint); any device copies are dropped first."""
+        self._drop()
+        with torch.no_grad():
+            torch._foreach_copy_(self.host, [v.to("cpu") for v in values])

@@ -23,8 +23,10 @@ def test_the_dry_run_runs_every_part_and_a_second_call_resumes(tmp_path):
     assert mechanics["memory"]["predicted_steps"] > 0 and len(mechanics["memory"]["allocated_along_the_run"]) > 1
     assert {phase for _, phase, _ in mechanics["memory"]["allocated_along_the_run"]} >= {"full", "predict"}
     assert set(mechanics["offload"]) == {"none", "offload", "aggressive"}
+    assert set(mechanics["outer_memory"]) == {"plain", "outer_norm_restart", "state_on_host"}
+    assert mechanics["outer_memory"]["state_on_host"]["jumps_made"] >= 2
     overheads = json.loads((tmp_path / "overheads.json").read_text())["result"]
-    assert {"backed_off", "tracking", "outer"} <= set(overheads["hybrid_over_plain"])
+    assert {"backed_off", "tracking", "outer", "outer_on_host"} <= set(overheads["hybrid_over_plain"])
     record = json.loads((tmp_path / "gpt2.json").read_text())
     assert record["complete"] and len(record["runs"]) == gpu.GPT2_RUNS == 29 and record["plan"]["steps"] == 8
     rates = [record["plan"]["lr"] * factor for factor in (1, 1 / 3, 3)]

@@ -102,6 +102,7 @@ def test_outer_jumps_match_a_reference_snoo_loop_over_several_cycles():
         (OuterMomentum(0.7, 0.5, alignment_window=3), 5, "per_step", 3),  # the alignment reads the same last jump
         (OuterMomentum(0.7, 0.5, alignment_window=3), 0, "per_step", 3),  # which it holds without verification
         (OuterMomentum(0.7, 0.0), 0, "per_step", 1),  # Lookahead: the anchor alone
+        (OuterMomentum(0.7, 0.5, state_on_host=True), 5, "per_step", 1),  # b and the last jump wait on the host
         (PrimalAverage(), 5, "per_step", 1),  # x; the buffer holds y only while validation sees x
         (PrimalAverage(), 5, "kept", 2),  # x, and the buffer kept for the run
     ],
@@ -114,6 +115,7 @@ def test_parameter_copies_each_rule_holds(rule, window, capture, copies):
         model, optimizer, rule, 12, regression_batches(), config, DivergenceCheck(verify_window=window)
     )
     held = [*engine.store.buffer, *getattr(rule, "_b", []), *getattr(rule, "_jump", []), *getattr(rule, "_x", [])]
+    held += [t for h in getattr(rule, "_held", {}).values() for t in h._on_device or []]  # brought to the device
     numel = sum(p.numel() for p in model.parameters())
     assert sum(t.numel() for t in held) == copies * numel
 
@@ -489,13 +491,22 @@ def _engine_state(path):
     return checkpoint, next(v for k, v in checkpoint["callbacks"].items() if "HybridScheduler" in k)
 
 
-def test_resume_between_a_cycles_end_and_its_jump_is_bitwise_exact(tmp_path):
+@pytest.mark.parametrize(
+    ("saved", "resumed_as"),
+    [
+        (lambda: "outer", lambda: "outer"),
+        # b is on the device when saved (brought there by the restart's test); resumed without state_on_host
+        (lambda: OuterMomentum(restart=True, state_on_host=True), lambda: OuterMomentum(restart=True)),
+    ],
+    ids=["outer", "state-on-host"],
+)
+def test_resume_between_a_cycles_end_and_its_jump_is_bitwise_exact(tmp_path, saved, resumed_as):
     """A checkpoint at a cycle's end holds the jump still to make (as the next step starts) and the anchor before
     it; resumed, the run makes the same jump. One step an epoch, so that every step's checkpoint resumes exactly."""
-    model, trainer = _checkpointed_run(tmp_path / "full", "outer", batch_size=64)
+    model, trainer = _checkpointed_run(tmp_path / "full", saved(), batch_size=64)
     path = tmp_path / "full" / "ckpt" / "step=17.ckpt"  # the end of the second cycle after warmup (5 + 6 + 6)
     assert _engine_state(path)[1]["family"]["jump_due"]
-    resumed, resumed_trainer = _checkpointed_run(tmp_path / "resume", "outer", ckpt_path=path, batch_size=64)
+    resumed, resumed_trainer = _checkpointed_run(tmp_path / "resume", resumed_as(), ckpt_path=path, batch_size=64)
     assert torch.equal(flat_params(resumed), flat_params(model))
     assert scheduler_of(resumed_trainer).summary()["jumps_made"] == scheduler_of(trainer).summary()["jumps_made"]
 
@@ -506,6 +517,7 @@ ALIGNED = {
     "outer_norm": lambda: OuterMomentum(keep_norms=True),
     "outer_norm_aligned": lambda: OuterMomentum(alignment_window=2, keep_norms=True),
     "outer_norm_restart": lambda: OuterMomentum(keep_norms=True, restart=True),
+    "outer_norm_restart_on_host": lambda: OuterMomentum(keep_norms=True, restart=True, state_on_host=True),
 }
 
 
@@ -602,6 +614,7 @@ def test_what_a_rule_cannot_do_is_refused_before_training(settings, message):
         (dict(alignment_window=2.5), "alignment_window"),
         (dict(keep_norms="yes"), "keep_norms"),
         (dict(restart=1), "restart"),
+        (dict(state_on_host="yes"), "state_on_host"),
         (dict(restart=True, outer_momentum=0.0), "restart"),
     ],
 )
@@ -624,7 +637,8 @@ def test_rules_leave_the_bandit_out_by_default_and_per_step_predictors_keep_it()
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "kind", ["outer", "outer_aligned", "outer_norm", "outer_restart", "outer_restart-fused_adam", "average"]
+    "kind",
+    ["outer", "outer_aligned", "outer_norm", "outer_restart", "outer_restart-fused_adam", "outer_on_host", "average"],
 )  # with fused Adam, `outer`'s steps are quiet: guarded on the device, their readings reduced over ranks there
 def test_ddp_ranks_stay_identical_under_a_rule(tmp_path, kind):
     from tests.test_ddp import run_ranks

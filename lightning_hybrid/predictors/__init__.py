@@ -5,13 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from lightning_hybrid.predictors.average import PrimalAverage
 from lightning_hybrid.predictors.base import Plan, Predictor, UpdateStats
 from lightning_hybrid.predictors.direction import DirectionPredictor
 from lightning_hybrid.predictors.learned import LearnedPredictor
 from lightning_hybrid.predictors.linear import LinearPredictor
 from lightning_hybrid.predictors.mlp import MLPPredictor
 from lightning_hybrid.predictors.rssm import RSSMPredictor
-from lightning_hybrid.predictors.rules import OuterMomentum, PrimalAverage, TrajectoryRule
+from lightning_hybrid.predictors.rules import OuterMomentum, TrajectoryRule
 from lightning_hybrid.predictors.search import LineSearch
 from lightning_hybrid.validation import check_choice
 

@@ -4,7 +4,8 @@ averaging), as opposed to the per-step :class:`~lightning_hybrid.predictors.Pred
 passes.
 
 A rule works on this rank's flat list of trainable tensors (its shards under FSDP) with fused ``torch._foreach_*``
-operations; the engine decides when it acts, verifies and undoes what it did.
+operations; the engine decides when it acts, verifies and undoes what it did. Here: the base class and ``outer``;
+``average`` is in ``average.py``.
 """
 
 from __future__ import annotations
@@ -16,18 +17,26 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from lightning_hybrid.offload import HostHeld
 from lightning_hybrid.validation import check_bool, check_float, check_int
 
 TensorList = Sequence[Tensor]
 
 
-def _host(tensors: TensorList) -> list[Tensor]:
+def host_copies(tensors: TensorList) -> list[Tensor]:
+    """Host copies of ``tensors``, for a checkpoint."""
     return [t.detach().to("cpu", copy=True) for t in tensors]
 
 
-def _load_into(owner: str, what: str, dst: list[Tensor], src: list[Tensor]) -> None:
+def check_shapes(owner: str, what: str, dst: list[Tensor], src: list[Tensor]) -> None:
+    """Refuse a checkpoint's tensors that are not shaped like the model's trainable ones, naming what they hold."""
     if [tuple(t.shape) for t in dst] != [tuple(t.shape) for t in src]:
         raise ValueError(f"{owner}: the checkpoint's {what} does not match the model's trainable tensors")
+
+
+def load_into(owner: str, what: str, dst: list[Tensor], src: list[Tensor]) -> None:
+    """Copy a checkpoint's tensors into ``dst``, on its devices."""
+    check_shapes(owner, what, dst, src)
     with torch.no_grad():
         torch._foreach_copy_(dst, [s.to(d.device) for s, d in zip(src, dst)])
 
@@ -81,7 +90,8 @@ class OuterMomentum(TrajectoryRule):
 
     ``outer_lr=1, outer_momentum=0`` is plain training (bitwise); ``outer_momentum=0`` is Lookahead with step
     ``outer_lr``. Memory: the anchor lives in the engine's one update buffer; ``b`` adds one parameter copy when
-    ``outer_momentum > 0``, and delayed verification or the alignment verdict one more (the last jump).
+    ``outer_momentum > 0``, and delayed verification or the alignment verdict one more (the last jump). With
+    ``state_on_host`` those two live in host memory, so the device holds the anchor alone.
 
     The alignment verdict asks whether a jump went where training was going anyway, the question a loss compared
     with before the jump cannot answer on a falling curve: the cosine between each jump and the displacement of the
@@ -99,6 +109,10 @@ class OuterMomentum(TrajectoryRule):
         restart: adaptive restart (O'Donoghue and Candès, 2015) at the cycle's scale: when a cycle's displacement
             points against the outer momentum (their cosine is at most 0), the momentum is reset and no jump is
             made, so that an oscillating run trains plainly instead of being pushed along a stale direction.
+        state_on_host: hold ``b`` and the last jump in host memory (pinned, on CUDA), as DiLoCo implementations hold
+            their outer state, and bring them to the device only at a cycle's end: the device then holds one
+            parameter copy above plain (the anchor) outside a jump, and each jump moves ``b`` in and ``b`` and the
+            jump out (the way out overlaps the next steps). The same values, bitwise; nothing changes off CUDA.
     """
 
     name = "outer"
@@ -111,16 +125,20 @@ class OuterMomentum(TrajectoryRule):
         alignment_window: int = 0,
         keep_norms: bool = False,
         restart: bool = False,
+        state_on_host: bool = False,
     ) -> None:
         self.outer_lr = check_float("OuterMomentum", "outer_lr", outer_lr, 0.0, 2.0, open_low=True)
         self.outer_momentum = check_float("OuterMomentum", "outer_momentum", outer_momentum, 0.0, 1.0 - 1e-12)
         self.alignment_window = check_int("OuterMomentum", "alignment_window", alignment_window, 0)
         self.keep_norms = check_bool("OuterMomentum", "keep_norms", keep_norms)
         self.restart = check_bool("OuterMomentum", "restart", restart)
+        self.state_on_host = check_bool("OuterMomentum", "state_on_host", state_on_host)
         if restart and outer_momentum == 0:
             raise ValueError("OuterMomentum: `restart=True` resets the outer momentum, so it needs outer_momentum > 0")
-        self._b: list[Tensor] = []
+        self._b: list[Tensor] = []  # on the device; with ``state_on_host``, in ``_held`` instead
         self._jump: list[Tensor] = []
+        self._held: dict[str, HostHeld] = {}
+        self._set_up = False
         self._pending: dict[str, Any] | None = None
 
     @property
@@ -129,11 +147,32 @@ class OuterMomentum(TrajectoryRule):
         return self.outer_lr != 1.0 or self.outer_momentum > 0
 
     def setup(self, params: TensorList, keep_jump: bool) -> None:
-        self._b = [torch.zeros_like(p) for p in params] if self.outer_momentum > 0 else []
-        self._jump = [torch.zeros_like(p) for p in params] if keep_jump else []
+        kept = {"b": self.outer_momentum > 0, "jump": keep_jump}
+        if self.state_on_host:  # allocated on the host: the device never holds them outside a cycle's end
+            self._held = {name: HostHeld(list(params)) for name, on in kept.items() if on}
+            self._b, self._jump = [], []
+        else:
+            self._b = [torch.zeros_like(p) for p in params] if kept["b"] else []
+            self._jump = [torch.zeros_like(p) for p in params] if kept["jump"] else []
+        self._set_up = True
         if self._pending is not None:
             state, self._pending = self._pending, None
             self.load_state_dict(state)
+
+    def _momentum(self, write: bool = False) -> list[Tensor]:
+        """``b`` on the device (empty when ``outer_momentum`` is 0)."""
+        held = self._held.get("b")
+        return held.on_device(write=write) if held is not None else self._b
+
+    def _last_jump(self, fill: bool = True) -> list[Tensor]:
+        """The last jump on the device (empty when no verdict needs it); ``fill=False``: about to be overwritten."""
+        held = self._held.get("jump")
+        return held.on_device(fill=fill) if held is not None else self._jump
+
+    def put_away(self) -> None:
+        """A cycle's end is over: with ``state_on_host``, ``b`` and the last jump go back to the host."""
+        for held in self._held.values():
+            held.put_away()
 
     def jump(self, params: list[Tensor], anchor: list[Tensor]) -> None:
         """The cycle's end: move ``params`` in place to the new anchor and leave it in ``anchor`` too.
@@ -142,138 +181,89 @@ class OuterMomentum(TrajectoryRule):
         ``anchor - η (μ b + s)``, written as a displacement so that ``η = 1, μ = 0`` adds nothing.
         """
         eta, mu = self.outer_lr, self.outer_momentum
+        b, kept = self._momentum(write=True), self._last_jump(fill=False)
         with torch.no_grad():
             torch._foreach_sub_(anchor, params)  # anchor := s
             if mu > 0:
-                torch._foreach_mul_(self._b, mu)
-                torch._foreach_add_(self._b, anchor)  # b := μ b + s
+                torch._foreach_mul_(b, mu)
+                torch._foreach_add_(b, anchor)  # b := μ b + s
             torch._foreach_mul_(anchor, 1.0 - eta)  # anchor := the jump d = (1 - η) s - η μ b
             if mu > 0:
-                torch._foreach_add_(anchor, self._b, alpha=-eta * mu)
+                torch._foreach_add_(anchor, b, alpha=-eta * mu)
             before = torch._foreach_norm(params) if self.keep_norms else None
             torch._foreach_add_(params, anchor)
-            if self._jump:
-                torch._foreach_copy_(self._jump, anchor)
+            if kept:
+                torch._foreach_copy_(kept, anchor)
             if before is not None:
-                self._scale_back(params, before)
+                self._scale_back(params, before, kept)
             torch._foreach_copy_(anchor, params)
+        self.put_away()
 
-    def _scale_back(self, params: list[Tensor], before: list[Tensor]) -> None:
+    @staticmethod
+    def _scale_back(params: list[Tensor], before: list[Tensor], kept: list[Tensor]) -> None:
         """``params *= before / |params|`` per tensor; the kept jump becomes the move actually made,
         ``d + params (1 - 1/scale)``, so that :meth:`undo` still lands on the weights before the jump."""
         after = torch._foreach_norm(params)
         torch._foreach_clamp_min_(after, torch.finfo(params[0].dtype).tiny)
         scale = torch._foreach_div(before, after)
         torch._foreach_mul_(params, scale)
-        if self._jump:
+        if kept:
             torch._foreach_reciprocal_(scale)
             torch._foreach_neg_(scale)
             torch._foreach_add_(scale, 1.0)  # 1 - 1/scale
-            torch._foreach_addcmul_(self._jump, params, scale)
+            torch._foreach_addcmul_(kept, params, scale)
 
     def alignment_terms(self, params: TensorList, anchor: TensorList) -> Tensor:
         """``[jump · d, |jump|², |d|²]`` over this rank's tensors, ``d = params - anchor`` the displacement since the
         last jump (one tensor's difference at a time: no parameter copy). Summed over ranks, their cosine is the
         jump's alignment."""
-        return _cosine_terms(params, ((j, p - a) for p, a, j in zip(params, anchor, self._jump, strict=True)))
+        jumps = self._last_jump()
+        return _cosine_terms(params, ((j, p - a) for p, a, j in zip(params, anchor, jumps, strict=True)))
 
     def momentum_terms(self, params: TensorList, anchor: TensorList) -> Tensor:
         """``[s · b, |s|², |b|²]`` over this rank's tensors, ``s = anchor - params`` the cycle's displacement and ``b``
         the outer momentum before it takes ``s`` in (one tensor at a time: no parameter copy). Summed over ranks,
         their cosine decides a restart."""
-        return _cosine_terms(params, ((a - p, b) for p, a, b in zip(params, anchor, self._b, strict=True)))
+        momentum = self._momentum()
+        return _cosine_terms(params, ((a - p, b) for p, a, b in zip(params, anchor, momentum, strict=True)))
 
     def reset_momentum(self) -> None:
+        held = self._held.get("b")
+        if held is not None:
+            held.zero_()  # on the host: nothing to move
+            return
         with torch.no_grad():
             torch._foreach_zero_(self._b)
 
     def undo(self, params: list[Tensor], anchor: list[Tensor]) -> None:
         """Take the last jump back out of ``params`` and ``anchor`` (keeping the ordinary steps since), and restart
         the outer momentum: the failed extrapolation must not carry into the next one."""
+        jumps = self._last_jump()
         with torch.no_grad():
-            torch._foreach_sub_(params, self._jump)
-            torch._foreach_sub_(anchor, self._jump)
-        if self._b:
+            torch._foreach_sub_(params, jumps)
+            torch._foreach_sub_(anchor, jumps)
+        if self.outer_momentum > 0:
             self.reset_momentum()
+        self.put_away()
+
+    def _values(self, name: str) -> list[Tensor]:
+        held = self._held.get(name)
+        return held.values() if held is not None else host_copies(getattr(self, f"_{name}"))
 
     def state_dict(self) -> dict[str, Any]:
-        return {"b": _host(self._b), "jump": _host(self._jump)}
+        return {"b": self._values("b"), "jump": self._values("jump")}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if not self._b and not self._jump and (state["b"] or state["jump"]):
-            self._pending = state  # before setup: applied there
+        if not self._set_up:
+            if state["b"] or state["jump"]:
+                self._pending = state  # before setup: applied there
             return
-        if self._b:
-            _load_into("OuterMomentum", "outer momentum", self._b, state["b"])
-        if self._jump and state["jump"]:
-            _load_into("OuterMomentum", "last jump", self._jump, state["jump"])
-
-
-class PrimalAverage(TrajectoryRule):
-    """``average``: generalized primal averaging on top of the user's optimizer.
-
-    The optimizer's own sequence ``z`` takes its steps from gradients computed at
-    ``y = average_y * x + (1 - average_y) * z``, and the averaged sequence ``x <- average_x * x + (1 - average_x) * z``
-    is the model that validation, checkpoints and the end of ``fit`` see (as with Lightning's weight-averaging
-    callbacks). The trained parameters hold ``y`` between steps; ``z`` is recomputed from ``y`` and ``x`` just
-    before each optimizer step, so the rule holds one parameter copy (``x``). No backward pass is added or skipped.
-    ``average_x`` of 0.9934 / 0.9967 / 0.9984 corresponds to DiLoCo with 16 / 32 / 64 inner steps.
-
-    Args:
-        average_x: μ_x, the weight of the old average per step, in ``[0, 1)``.
-        average_y: μ_y, where gradients are taken between the average and the optimizer's sequence, in ``[0, 1)``.
-    """
-
-    name = "average"
-    family = "averaging"
-
-    def __init__(self, average_x: float = 0.9869, average_y: float = 0.7) -> None:
-        self.average_x = check_float("PrimalAverage", "average_x", average_x, 0.0, 1.0 - 1e-12)
-        self.average_y = check_float("PrimalAverage", "average_y", average_y, 0.0, 1.0 - 1e-12)
-        self._x: list[Tensor] = []
-        self._pending: dict[str, Any] | None = None
-
-    def setup(self, params: TensorList, keep_jump: bool) -> None:
-        self._x = [p.detach().clone() for p in params]
-        if self._pending is not None:
-            state, self._pending = self._pending, None
-            self.load_state_dict(state)
-
-    @property
-    def average(self) -> list[Tensor]:
-        return self._x
-
-    def restart(self, params: TensorList) -> None:
-        """Averaging starts (after warmup): ``x = y = z`` at the current weights."""
-        with torch.no_grad():
-            torch._foreach_copy_(self._x, list(params))
-
-    def to_optimizer_sequence(self, params: list[Tensor]) -> None:
-        """After the backward pass, before the update: ``params`` (``y``) become ``z = (y - μ_y x) / (1 - μ_y)``."""
-        if self.average_y == 0:
-            return
-        with torch.no_grad():
-            torch._foreach_add_(params, self._x, alpha=-self.average_y)
-            torch._foreach_div_(params, 1.0 - self.average_y)
-
-    def to_gradient_point(self, params: list[Tensor]) -> None:
-        """After the optimizer step on ``z``: fold it into ``x``, then move ``params`` to ``y``."""
-        with torch.no_grad():
-            torch._foreach_lerp_(self._x, params, 1.0 - self.average_x)
-            if self.average_y > 0:
-                torch._foreach_lerp_(params, self._x, self.average_y)
-
-    def back_to_gradient_point(self, params: list[Tensor]) -> None:
-        """Undo :meth:`to_optimizer_sequence` when no update followed (``y = μ_y x + (1 - μ_y) z``)."""
-        if self.average_y > 0:
-            with torch.no_grad():
-                torch._foreach_lerp_(params, self._x, self.average_y)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"x": _host(self._x)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if not self._x:
-            self._pending = state
-            return
-        _load_into("PrimalAverage", "average", self._x, state["x"])
+        for name, what in (("b", "outer momentum"), ("jump", "last jump")):
+            held, tensors = self._held.get(name), getattr(self, f"_{name}")
+            if (held is None and not tensors) or (name == "jump" and not state[name]):
+                continue
+            if held is not None:
+                check_shapes("OuterMomentum", what, held.host, state[name])
+                held.load(state[name])
+            else:
+                load_into("OuterMomentum", what, tensors, state[name])

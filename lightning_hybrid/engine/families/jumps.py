@@ -152,8 +152,9 @@ class OuterJumps(PredictionFamily):
         unjudged = verify and (not math.isfinite(state.reference) or not self._verdict_in_time())
         if off or unjudged or self._restart_instead():
             copy_(e.store.buffer, e.store.params)  # no jump: the next cycle starts from here
+            e.parts.predictor.put_away()
             return
-        state.jump_due = True
+        state.jump_due = True  # what the rule brought to the device stays there for it
 
     def _jump(self) -> None:
         """Make the jump decided at the last cycle's end. It waits for the next step to start, so that whatever runs
@@ -232,6 +233,7 @@ class OuterJumps(PredictionFamily):
         if self.state.pending:
             self.engine.record.counters.end_of_fit_rollbacks += 1
             self._reject("fit ended before the jump was verified")
+        self.engine.parts.predictor.put_away()
 
     # -- reporting and state -------------------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:

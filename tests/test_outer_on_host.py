@@ -1,0 +1,80 @@
+"""``OuterMomentum(state_on_host=True)``: the outer momentum and the last jump live in host memory and reach the
+device only at a cycle's end. The run is the same, bitwise; between cycle ends the rule holds no device tensor.
+The path is the one CUDA takes, with copies instead of transfers (on CUDA: pinned memory and a side stream)."""
+
+import lightning as L
+import torch
+
+from lightning_hybrid import Phase, hybrid_callbacks
+from lightning_hybrid.offload import HostHeld
+from lightning_hybrid.predictors import OuterMomentum
+from tests.faults.common import FaultyModel
+from tests.helpers import RULE_PHASES, flat_params, hybrid_trainer, loader, scheduler_of
+
+
+def test_host_held_tensors_reach_the_device_only_while_in_use_and_come_back_only_when_written():
+    like = [torch.ones(3), torch.ones(2, 2)]
+    held = HostHeld(like)
+    assert not held.held and all(torch.equal(h, torch.zeros_like(h)) for h in held.host)
+    on_device = held.on_device()
+    assert held.held and all(d.data_ptr() != h.data_ptr() for d, h in zip(on_device, held.host))  # copies
+    on_device[0].fill_(5.0)  # read, not declared written: the host keeps its values
+    held.put_away()
+    assert not held.held and torch.equal(held.host[0], torch.zeros(3))
+    fresh = held.on_device(fill=False)  # room for values about to be written: copied back
+    torch._foreach_copy_(fresh, like)
+    assert [torch.equal(v, t) for v, t in zip(held.values(), like)] == [True, True]  # while held: the device's
+    held.put_away()
+    assert all(torch.equal(h, t) for h, t in zip(held.host, like))
+    held.on_device(write=True)[1].mul_(3.0)
+    held.put_away()
+    assert torch.equal(held.host[1], torch.full((2, 2), 3.0))
+    held.on_device()
+    held.zero_()  # drops the device copies
+    assert not held.held and all(torch.equal(h, torch.zeros_like(h)) for h in held.host)
+    held.load([torch.full((3,), 2.0), torch.full((2, 2), 4.0)])
+    assert torch.equal(held.values()[0], torch.full((3,), 2.0))
+
+
+class HeldWatch(L.Callback):
+    """After every step: whether any of the rule's host-held tensors is on the device, whether a jump is due, and
+    the rule's own device lists."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, bool, bool, int]] = []
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        engine = scheduler_of(trainer).engine
+        rule = engine.parts.predictor
+        held = any(h.held for h in rule._held.values())
+        self.rows.append((trainer.global_step, held, engine.family.state.jump_due, len(rule._b) + len(rule._jump)))
+
+
+def _run(on_host: bool, faults: dict) -> tuple:
+    watch = HeldWatch()
+    rule = OuterMomentum(keep_norms=True, restart=True, alignment_window=3, state_on_host=on_host)
+    trainer, _ = hybrid_trainer(60, hybrid=hybrid_callbacks(predictor=rule, **RULE_PHASES), extra_callbacks=[watch])
+    model = FaultyModel(faults)
+    trainer.fit(model, loader())
+    return model, scheduler_of(trainer), rule, watch
+
+
+def test_state_on_host_makes_the_same_run_bitwise_and_holds_nothing_on_the_device_between_cycle_ends():
+    faults = {(Phase.FULL, 13): "nan"}  # the step after the jump at step 18: judged, rejected, undone
+    (model, scheduler, rule, _), (host_model, host_scheduler, host_rule, watch) = (
+        _run(False, faults),
+        _run(True, faults),
+    )
+    summary = host_scheduler.summary()
+    assert summary["jumps_made"] >= 4 and summary["jumps_rejected"] >= 1
+    strip = lambda summary: {k: v for k, v in summary.items() if "time" not in k}  # noqa: E731
+    assert strip(summary) == strip(scheduler.summary())
+    assert torch.equal(flat_params(host_model), flat_params(model))
+    for name in ("b", "jump"):
+        assert all(
+            torch.equal(x, y) for x, y in zip(host_rule.state_dict()[name], rule.state_dict()[name], strict=True)
+        )
+    assert not any(device_lists for *_, device_lists in watch.rows)  # b and the jump: only in the host-held copies
+    held_at = [step for step, held, _, _ in watch.rows if held]
+    due_at = [step for step, _, due, _ in watch.rows if due]
+    assert held_at and set(held_at) <= set(due_at)  # from a cycle's end that decided a jump, to that jump
