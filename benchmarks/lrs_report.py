@@ -50,8 +50,17 @@ def seed_rows(task: str, lr: float, config: str, best: float) -> list[dict[str, 
         row = {"seed": seed, **_ratios(b, o, target), "loss": None if at is None else at / target}
         row["cost"] = None if cost is None else cost / b.curve.points[-1].cpu_s
         row["hours_apart"] = _hours_apart(json.loads(base.read_text()), theirs)
+        row["other_host"] = _other_host(json.loads(base.read_text()), theirs)
         rows.append(row | {"kept": theirs["segments_started"]})  # search: the line-search steps it kept
     return rows
+
+
+def _other_host(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two runs ran on different machines (their platform strings differ): the grid alternates plain and
+    each configuration in one process, but a configuration added in a later session meets a baseline run on
+    another machine, whose kernels may round differently; at a high rate that alone parts two runs of plain."""
+    platform = [(run.get("machine") or {}).get("platform") for run in (a, b)]
+    return platform[0] != platform[1]
 
 
 def _hours_apart(a: dict[str, Any], b: dict[str, Any]) -> float | None:
@@ -76,6 +85,12 @@ def _cell(values: list[float | None], fmt: str = ".2f", suffix: str = "x") -> st
 
 def _apart(rows: list[dict]) -> bool:
     return any((r.get("hours_apart") or 0) > APART_HOURS for r in rows)
+
+
+def _hosts(rows: list[dict]) -> str:
+    """``"k of n"`` seeds whose baseline ran on another machine, or ``""`` for none."""
+    other = sum(bool(r.get("other_host")) for r in rows)
+    return f"{other} of {len(rows)}" if other else ""
 
 
 def task_table(task: str) -> tuple[str, dict[str, dict[float, list[dict]]]]:
@@ -109,6 +124,14 @@ def task_table(task: str) -> tuple[str, dict[str, dict[float, list[dict]]]]:
             "",
             f"CPU times of runs that ended more than {APART_HOURS} h from their baseline (another session's"
             " load; read backward passes there): " + ", ".join(f"`{c}` at {lr:.3g}" for c, lr in apart),
+        ]
+    hosts = [(c, lr, _hosts(rows)) for c, by_lr in found.items() if c != "tuned" for lr, rows in by_lr.items()]
+    if any(h for *_, h in hosts):
+        lines += [
+            "",
+            "Compared with a baseline that ran on another machine (seeds), whose rounding may differ: at a high"
+            " rate that alone parts two runs of plain, as `rerun` shows where it ran: "
+            + ", ".join(f"`{c}` at {lr:.3g} ({h})" for c, lr, h in hosts if h),
         ]
     for config in HYBRID:  # the candidates for the default
         if config in found:
@@ -179,7 +202,8 @@ def floor_summary(found_by_task: dict[str, dict[str, dict[float, list[dict]]]]) 
                 if not ok:
                     control = [f"{c} {_said(found[c][lr])}" for c in CONTROLS if c != config and lr in found.get(c, {})]
                     beside = f" (control {'; '.join(control)})" if control else ""
-                    missed.append(f"{task} at {_rate(lr, best)}: {_said(rows)}{beside}")
+                    hosts = f" [baseline on another machine: {_hosts(rows)}]" if _hosts(rows) else ""
+                    missed.append(f"{task} at {_rate(lr, best)}: {_said(rows)}{hosts}{beside}")
         cells = held + len(missed)
         if cells:
             lines.append(f"| {_label(config)} | {cells} | {held} | {'; '.join(missed) or 'none'} |")

@@ -36,7 +36,6 @@ RULES = {
     "outer_aligned": partial(OuterMomentum, alignment_window=2),
     "outer_norm": partial(OuterMomentum, keep_norms=True),
     "outer_restart": partial(OuterMomentum, restart=True),
-    "outer_on_host": partial(OuterMomentum, restart=True, state_on_host=True),
     "average": PrimalAverage,
 }
 SEARCH = {"every": 4, "max_interval": 16}  # a search every 4 steps while they pay

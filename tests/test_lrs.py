@@ -113,6 +113,18 @@ def test_the_idle_cost_counts_only_runs_that_kept_nothing():
     assert lrs_report.idle_cost({"a": {"search": {0.1: kept}}}) == "No `search` run kept nothing yet."
 
 
+def test_a_miss_against_a_baseline_from_another_machine_says_so(monkeypatch):
+    monkeypatch.setattr(lrs_report, "tuned", lambda task: 0.3)
+    rows = [{**r, "other_host": seed < 2} for seed, r in enumerate(_rows([0.9, 0.95, 0.96], [1.0] * 3))]
+    line = next(
+        row for row in lrs_report.floor_summary({"a": {"outer": {0.3: rows}}}).splitlines() if "| `outer`" in row
+    )
+    assert "a at tuned: 0.95x, 1.000 [baseline on another machine: 2 of 3] |" in line
+    here = {"machine": {"platform": "Linux-x"}}
+    assert not lrs_report._other_host(here, dict(here)) and lrs_report._other_host(here, {"machine": {"platform": "y"}})
+    assert lrs_report._other_host(here, {})  # a run from before machines were stamped
+
+
 def test_runs_far_apart_are_told_apart_from_unstamped_ones():
     a, b = {"finished": "2026-11-25T10:00:00+00:00"}, {"finished": "2026-11-25T14:30:00+00:00"}
     assert lrs_report._hours_apart(a, b) == lrs_report._hours_apart(b, a) == 4.5
