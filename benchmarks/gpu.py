@@ -7,7 +7,8 @@ each written as soon as it ends, and resumed from its own results by the next ca
     python -m benchmarks.gpu --dry-run             # on the CPU, every part at a tiny size (the CUDA-only checks
                                                    # skipped by name): the suite runs this so the command cannot rot
 
-Parts, cheap and decisive first: ``sync`` (quiet steps never synchronise, under ``set_sync_debug_mode("error")``),
+Parts, cheap and decisive first: ``sync`` (quiet steps never synchronise, under ``set_sync_debug_mode("error")``;
+``outer``'s jumps with ``state_on_host`` match those without, through pinned memory and a side stream),
 ``memory`` (peak and steady memory per phase; memory flat over 2,000 predicting steps), ``offload`` (what
 ``predict_memory`` frees during Predict), ``outer_memory`` (device memory between cycle ends of ``outer``, with
 and without ``state_on_host``, in parameter copies above plain), ``fp16`` (``16-mixed``: the GradScaler with
@@ -94,9 +95,11 @@ def _summary(cfg: Any, callbacks: list[Any] | None = None) -> dict[str, Any]:
 
 
 def sync(call: Call) -> dict[str, Any]:
-    """The suite's CUDA test: 40 steps under ``torch.cuda.set_sync_debug_mode("error")``, quiet steps read nothing."""
-    test = "tests/test_idle.py::test_quiet_steps_never_synchronise_on_cuda"
-    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:warnings", "--tb=short", test]
+    """The suite's CUDA tests: 40 steps under ``torch.cuda.set_sync_debug_mode("error")``, quiet steps read nothing;
+    and ``outer``'s jumps with ``state_on_host`` (pinned memory, a side stream) the same as without."""
+    tests = ["tests/test_idle.py::test_quiet_steps_never_synchronise_on_cuda"]
+    tests += ["tests/test_outer_on_host.py::test_jumps_with_state_on_host_match_jumps_without_on_every_device"]
+    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:warnings", "--tb=short", *tests]
     done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
     return {"passed": done.returncode == 0, "output": done.stdout[-6000:]}
 

@@ -149,6 +149,9 @@ class HostHeld:
             h.zero_()
 
     def _drop(self) -> None:
+        """Forget the device copies, and wait for every copy that may still read or write the host ones."""
+        if self._on_device is not None and self._device.type == "cuda":
+            torch.cuda.current_stream(self._device).synchronize()  # a copy in may still be reading them
         self._on_device, self._written = None, False
         if self._copied is not None:
             self._copied.synchronize()

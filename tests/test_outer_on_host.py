@@ -3,6 +3,7 @@ device only at a cycle's end. The run is the same, bitwise; between cycle ends t
 The path is the one CUDA takes, with copies instead of transfers (on CUDA: pinned memory and a side stream)."""
 
 import lightning as L
+import pytest
 import torch
 
 from lightning_hybrid import Phase, hybrid_callbacks
@@ -78,3 +79,36 @@ def test_state_on_host_makes_the_same_run_bitwise_and_holds_nothing_on_the_devic
     held_at = [step for step, held, _, _ in watch.rows if held]
     due_at = [step for step, _, due, _ in watch.rows if due]
     assert held_at and set(held_at) <= set(due_at)  # from a cycle's end that decided a jump, to that jump
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_jumps_with_state_on_host_match_jumps_without_on_every_device(device):
+    """The rule alone, over a few cycles: restart's test, jumps with ``keep_norms``, an undo; on CUDA through pinned
+    memory and the side stream (the GPU command runs this test), on the CPU through copies."""
+    made = []
+    for on_host in (False, True):
+        rule = OuterMomentum(keep_norms=True, restart=True, state_on_host=on_host)
+        params = [
+            torch.randn(1000, generator=torch.Generator().manual_seed(0)).to(device),
+            torch.ones(8, 8, device=device),
+        ]
+        anchor = [t.clone() for t in params]
+        rule.setup(params, keep_jump=True)
+        steps = torch.Generator().manual_seed(1)
+        for _ in range(5):
+            torch._foreach_add_(params, [0.01 * torch.randn(t.shape, generator=steps).to(device) for t in params])
+            rule.momentum_terms(params, anchor)  # brings b over and leaves it for the jump
+            rule.jump(params, anchor)
+        state = rule.state_dict()  # b and the last jump, before the undo resets b
+        rule.undo(params, anchor)
+        made.append((params, anchor, state, rule))
+    (params, anchor, state, _), (host_params, host_anchor, host_state, host_rule) = made
+    assert all(torch.equal(x, y) for x, y in zip([*params, *anchor], [*host_params, *host_anchor], strict=True))
+    for name in ("b", "jump"):
+        assert all(torch.equal(x, y) for x, y in zip(state[name], host_state[name], strict=True))
+        assert any(t.abs().sum() > 0 for t in state[name])
+    assert not any(held.held for held in host_rule._held.values())
+    assert all(held.host[0].is_pinned() == (device == "cuda") for held in host_rule._held.values())
