@@ -42,15 +42,14 @@ def seed_rows(task: str, lr: float, config: str, best: float) -> list[dict[str, 
         other = _path(task, best, seed, "plain") if config == "tuned" else _path(task, lr, seed, config)
         if not (base.exists() and other.exists()):
             continue
-        theirs = json.loads(other.read_text())
-        b, o = _record(json.loads(base.read_text())), _record(theirs)
+        ours, theirs = json.loads(base.read_text()), json.loads(other.read_text())
+        b, o = _record(ours), _record(theirs)
         target, steps = b.curve.losses[-1], b.curve.points[-1].step
         at = value_at([p.step for p in o.curve.points], o.curve.losses, steps)
         cost = value_at([p.step for p in o.curve.points], o.curve.axis("cpu_s"), steps)  # probes included
         row = {"seed": seed, **_ratios(b, o, target), "loss": None if at is None else at / target}
         row["cost"] = None if cost is None else cost / b.curve.points[-1].cpu_s
-        row["hours_apart"] = _hours_apart(json.loads(base.read_text()), theirs)
-        row["other_host"] = _other_host(json.loads(base.read_text()), theirs)
+        row["hours_apart"], row["other_host"] = _hours_apart(ours, theirs), _other_host(ours, theirs)
         rows.append(row | {"kept": theirs["segments_started"]})  # search: the line-search steps it kept
     return rows
 

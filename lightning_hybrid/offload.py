@@ -144,12 +144,13 @@ class HostHeld:
 
     def zero_(self) -> None:
         """Set every value to zero, on the host (any device copies are dropped first)."""
-        self._drop()
+        self.drop()
         for h in self.host:
             h.zero_()
 
-    def _drop(self) -> None:
-        """Forget the device copies, and wait for every copy that may still read or write the host ones."""
+    def drop(self) -> None:
+        """Forget the device copies, and wait for every copy that may still read or write the host ones: after it
+        the host tensors may be written directly (a checkpoint's values)."""
         if self._on_device is not None and self._device.type == "cuda":
             torch.cuda.current_stream(self._device).synchronize()  # a copy in may still be reading them
         self._on_device, self._written = None, False
@@ -163,9 +164,3 @@ class HostHeld:
         if self._copied is not None:
             self._copied.synchronize()
         return [t.clone() for t in self.host]
-
-    def load(self, values: list[Tensor]) -> None:
-        """Set the values (from a checkpoint); any device copies are dropped first."""
-        self._drop()
-        with torch.no_grad():
-            torch._foreach_copy_(self.host, [v.to("cpu") for v in values])

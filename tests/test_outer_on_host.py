@@ -33,7 +33,10 @@ def test_host_held_tensors_reach_the_device_only_while_in_use_and_come_back_only
     held.on_device()
     held.zero_()  # drops the device copies
     assert not held.held and all(torch.equal(h, torch.zeros_like(h)) for h in held.host)
-    held.load([torch.full((3,), 2.0), torch.full((2, 2), 4.0)])
+    held.on_device()
+    held.drop()  # the host tensors may now be written directly (a checkpoint's values)
+    assert not held.held
+    held.host[0].fill_(2.0)
     assert torch.equal(held.values()[0], torch.full((3,), 2.0))
 
 

@@ -28,15 +28,10 @@ def host_copies(tensors: TensorList) -> list[Tensor]:
     return [t.detach().to("cpu", copy=True) for t in tensors]
 
 
-def check_shapes(owner: str, what: str, dst: list[Tensor], src: list[Tensor]) -> None:
-    """Refuse a checkpoint's tensors that are not shaped like the model's trainable ones, naming what they hold."""
+def load_into(owner: str, what: str, dst: list[Tensor], src: list[Tensor]) -> None:
+    """Copy a checkpoint's tensors into ``dst``, on its devices, refusing any not shaped like the model's."""
     if [tuple(t.shape) for t in dst] != [tuple(t.shape) for t in src]:
         raise ValueError(f"{owner}: the checkpoint's {what} does not match the model's trainable tensors")
-
-
-def load_into(owner: str, what: str, dst: list[Tensor], src: list[Tensor]) -> None:
-    """Copy a checkpoint's tensors into ``dst``, on its devices."""
-    check_shapes(owner, what, dst, src)
     with torch.no_grad():
         torch._foreach_copy_(dst, [s.to(d.device) for s, d in zip(src, dst)])
 
@@ -263,7 +258,6 @@ class OuterMomentum(TrajectoryRule):
             if (held is None and not tensors) or (name == "jump" and not state[name]):
                 continue
             if held is not None:
-                check_shapes("OuterMomentum", what, held.host, state[name])
-                held.load(state[name])
-            else:
-                load_into("OuterMomentum", what, tensors, state[name])
+                held.drop()
+                tensors = held.host
+            load_into("OuterMomentum", what, tensors, state[name])
