@@ -12,6 +12,19 @@ def host_like(t: Tensor) -> Tensor:
     return torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=t.is_cuda)
 
 
+def host_views(like: list[Tensor]) -> list[Tensor]:
+    """Zeroed host tensors shaped like ``like``, views of one buffer per dtype, pinned when ``like`` is on CUDA:
+    pinning costs a driver call per allocation, so a model's worth is pinned in one."""
+    out: dict[int, Tensor] = {}
+    pinned = any(t.is_cuda for t in like)
+    for dtype in dict.fromkeys(t.dtype for t in like):
+        which = [i for i, t in enumerate(like) if t.dtype == dtype]
+        sizes = [like[i].numel() for i in which]
+        flat = torch.zeros(sum(sizes), dtype=dtype, device="cpu", pin_memory=pinned)
+        out.update((i, piece.view(like[i].shape)) for i, piece in zip(which, flat.split(sizes)))
+    return [out[i] for i in range(len(like))]
+
+
 class OptimizerStateOffload:
     """Swaps every tensor of ``optimizer.state`` for a host copy (:meth:`offload`) and back (:meth:`restore`).
 
@@ -95,7 +108,7 @@ class HostHeld:
     """
 
     def __init__(self, like: list[Tensor]) -> None:
-        self.host = [host_like(t).zero_() for t in like]
+        self.host = host_views(like)
         self._device = like[0].device if like else torch.device("cpu")
         self._on_device: list[Tensor] | None = None
         self._written = False

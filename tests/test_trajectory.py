@@ -511,6 +511,39 @@ def test_resume_between_a_cycles_end_and_its_jump_is_bitwise_exact(tmp_path, sav
     assert scheduler_of(resumed_trainer).summary()["jumps_made"] == scheduler_of(trainer).summary()["jumps_made"]
 
 
+def _rule_state(path):
+    return torch.load(path, weights_only=False)["callbacks"]["DynamicsPredictor"]["predictor"]
+
+
+RELEASED = {
+    "outer": lambda: OuterMomentum(keep_norms=True, restart=True),
+    "state-on-host": lambda: OuterMomentum(keep_norms=True, restart=True, state_on_host=True),
+    "average": lambda: PrimalAverage(),
+}
+
+
+@pytest.mark.parametrize("kind", list(RELEASED))
+def test_after_fit_a_rule_lets_its_copies_go_keeps_its_state_for_checkpoints_and_resumes_when_reused(tmp_path, kind):
+    """As Lightning moves the optimizer's state off the device at teardown, a rule lets its device copies go at the
+    end of ``fit``; a checkpoint taken after ``fit`` still holds its state, and the same rule object resumes a
+    checkpoint in a second ``fit`` exactly as a fresh one does (it once restored it, then set it up afresh)."""
+    rule = RELEASED[kind]()
+    model, trainer = _checkpointed_run(tmp_path / "full", rule)
+    held = [rule._x] if kind == "average" else [rule._b, rule._jump, list(rule._held.values())]
+    assert not any(held)
+    last = _rule_state(tmp_path / "full" / "ckpt" / "step=40.ckpt")
+    trainer.save_checkpoint(tmp_path / "after.ckpt")
+    after = _rule_state(tmp_path / "after.ckpt")
+    assert last.keys() == after.keys() and any(last.values())
+    for key in last:
+        assert len(last[key]) == len(after[key]) and all(map(torch.equal, last[key], after[key])), key
+    path = tmp_path / "full" / "ckpt" / "step=20.ckpt"
+    fresh, _ = _checkpointed_run(tmp_path / "fresh", RELEASED[kind](), ckpt_path=path)
+    reused, _ = _checkpointed_run(tmp_path / "reused", rule, ckpt_path=path)
+    assert torch.equal(flat_params(reused), flat_params(fresh))
+    assert torch.equal(flat_params(fresh), flat_params(model))
+
+
 ALIGNED = {
     "outer": lambda: "outer",
     "outer_aligned": lambda: OuterMomentum(alignment_window=2),

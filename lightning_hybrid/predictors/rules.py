@@ -58,6 +58,11 @@ class TrajectoryRule(ABC):
     def uncertainty(self) -> float:
         return 0.0
 
+    def release(self) -> None:  # noqa: B027 (a hook: rules that hold nothing between steps need not override it)
+        """The end of ``fit``: let the device copies go, as Lightning moves the optimizer's state off the device at
+        teardown. :meth:`state_dict` still returns the state (a checkpoint taken after ``fit``); the next ``fit``'s
+        :meth:`setup` allocates it afresh, or restores a checkpoint loaded in between. Families call it."""
+
     @abstractmethod
     def state_dict(self) -> dict[str, Any]: ...
 
@@ -134,7 +139,8 @@ class OuterMomentum(TrajectoryRule):
         self._jump: list[Tensor] = []
         self._held: dict[str, HostHeld] = {}
         self._set_up = False
-        self._pending: dict[str, Any] | None = None
+        self._pending: dict[str, Any] | None = None  # a checkpoint's state, loaded before setup
+        self._released: dict[str, Any] | None = None  # the state on the host, after fit
 
     @property
     def moves(self) -> bool:
@@ -143,6 +149,7 @@ class OuterMomentum(TrajectoryRule):
 
     def setup(self, params: TensorList, keep_jump: bool) -> None:
         kept = {"b": self.outer_momentum > 0, "jump": keep_jump}
+        self._released = None
         if self.state_on_host:  # allocated on the host: the device never holds them outside a cycle's end
             self._held = {name: HostHeld(list(params)) for name, on in kept.items() if on}
             self._b, self._jump = [], []
@@ -245,13 +252,20 @@ class OuterMomentum(TrajectoryRule):
         held = self._held.get(name)
         return held.values() if held is not None else host_copies(getattr(self, f"_{name}"))
 
+    def release(self) -> None:
+        if self._set_up:
+            self._released = self.state_dict()
+            self._b, self._jump, self._held, self._set_up = [], [], {}, False
+
     def state_dict(self) -> dict[str, Any]:
+        if not self._set_up:  # a checkpoint's state waiting for setup, or the one fit ended with
+            return self._pending or self._released or {"b": [], "jump": []}
         return {"b": self._values("b"), "jump": self._values("jump")}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not self._set_up:
             if state["b"] or state["jump"]:
-                self._pending = state  # before setup: applied there
+                self._pending, self._released = state, None  # before setup: applied there
             return
         for name, what in (("b", "outer momentum"), ("jump", "last jump")):
             held, tensors = self._held.get(name), getattr(self, f"_{name}")

@@ -107,11 +107,12 @@ class PrimalAveraging(PredictionFamily):
         return list(zip(store.owners, self.rule.average)) if self.started and store is not None else []
 
     def end_fit(self) -> None:
-        """The averaged sequence is the model ``fit`` hands back."""
+        """The averaged sequence is the model ``fit`` hands back; then the rule lets its device copy go."""
         self.validation_end()
         if self.started:
             copy_(self.engine.store.params, self.rule.average)
             self.engine.collectives.parameters_changed()
+        self.rule.release()
 
     # -- reporting and state -------------------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:

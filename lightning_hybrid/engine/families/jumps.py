@@ -233,7 +233,7 @@ class OuterJumps(PredictionFamily):
         if self.state.pending:
             self.engine.record.counters.end_of_fit_rollbacks += 1
             self._reject("fit ended before the jump was verified")
-        self.engine.parts.predictor.put_away()
+        self.engine.parts.predictor.release()
 
     # -- reporting and state -------------------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
