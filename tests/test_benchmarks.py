@@ -235,3 +235,19 @@ def test_sweep_trains_one_baseline_per_seed_for_all_its_settings(tmp_path, monke
         assert seed["hybrid"]["steps"] == 40 and seed["hybrid"]["segments_started"] == 2  # at 15, 25; 35 + 10 > 40
         assert seed["loss_ratio_equal_steps"] is not None
     assert "outer" in (out / "table.md").read_text()
+
+
+def test_the_gpu_step_clock_synchronises_twice_a_run_not_every_step(monkeypatch):
+    """On a GPU the steady step is a window's mean, synchronised at its two ends only: a synchronisation every step
+    would serialise the host and the device, and add the plugin's host time to the step instead of overlapping it."""
+    from benchmarks import overheads
+
+    syncs, now = [], iter(float(t) for t in range(100))
+    monkeypatch.setattr(overheads.torch.cuda, "synchronize", lambda: syncs.append(True))
+    monkeypatch.setattr(overheads.time, "perf_counter", lambda: next(now) * 0.5)
+    clock = overheads.StepClock(meter=None, cuda=True)
+    for _ in range(overheads.SETTLE + 10):
+        clock.on_train_batch_end()
+    clock.on_train_end()
+    assert len(syncs) == 2
+    assert clock.steady_step() == 0.5 / 10  # two readings, 0.5 s apart, around the 10 steps after settling
