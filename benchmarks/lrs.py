@@ -45,12 +45,6 @@ HYBRID = {  # configuration -> overrides
     "outer_norm_aligned": ["predictor=outer", "predictor.keep_norms=true", "predictor.alignment_window=5"],  # both
     "outer_norm_restart": ["predictor=outer", "predictor.keep_norms=true", "predictor.restart=true"],  # no jump, and
     # the momentum reset, when a cycle points against it
-    "outer_norm_restart_probe": [  # and each jump judged against the weights without it, on a one-batch probe
-        "predictor=outer",
-        "predictor.keep_norms=true",
-        "predictor.restart=true",
-        "predictor.probe_batches=1",
-    ],
     "outer_norm_restart_mu6": [  # a longer outer step: 0.7 / (1 - 0.6) = 1.75 cycles' worth, against 1.4
         "predictor=outer",
         "predictor.outer_momentum=0.6",

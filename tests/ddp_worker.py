@@ -36,7 +36,6 @@ RULES = {
     "outer_aligned": partial(OuterMomentum, alignment_window=2),
     "outer_norm": partial(OuterMomentum, keep_norms=True),
     "outer_restart": partial(OuterMomentum, restart=True),
-    "outer_probe": partial(OuterMomentum, keep_norms=True, restart=True, probe_batches=1),
     "average": PrimalAverage,
 }
 SEARCH = {"every": 4, "max_interval": 16}  # a search every 4 steps while they pay

@@ -219,13 +219,10 @@ def phases(logger: MemoryLogger) -> dict[int, Phase]:
     return {step: Phase(int(v)) for step, v in logger.series("hybrid/phase").items()}
 
 
-def bare_engine(
-    config: HybridConfig, predictor: Any, optimizer: torch.optim.Optimizer, monitor: Any = None, probe: Any = None
-):
+def bare_engine(config: HybridConfig, predictor: Any, optimizer: torch.optim.Optimizer, monitor: Any = None):
     """An engine bound to ``optimizer`` without a Trainer, with the optimizer hooks the scheduler registers."""
     engine = HybridEngine(config)
-    parts = Components(predictor, StateEncoder(), ResidualCorrection(), monitor or DivergenceCheck(), probe=probe)
-    engine.connect(parts)
+    engine.connect(Components(predictor, StateEncoder(), ResidualCorrection(), monitor or DivergenceCheck()))
     engine.bind(optimizer, LocalCollectives())
     optimizer.register_step_pre_hook(lambda *_: engine.before_optimizer_step())
     optimizer.register_step_post_hook(lambda *_: engine.after_optimizer_step())

@@ -56,7 +56,7 @@ class HeldWatch(L.Callback):
 
 def _run(on_host: bool, faults: dict) -> tuple:
     watch = HeldWatch()
-    rule = OuterMomentum(keep_norms=True, restart=True, alignment_window=3, state_on_host=on_host, probe_batches=1)
+    rule = OuterMomentum(keep_norms=True, restart=True, alignment_window=3, state_on_host=on_host)
     trainer, _ = hybrid_trainer(60, hybrid=hybrid_callbacks(predictor=rule, **RULE_PHASES), extra_callbacks=[watch])
     model = FaultyModel(faults)
     trainer.fit(model, loader())

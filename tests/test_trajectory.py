@@ -31,10 +31,10 @@ from tests.helpers import (
 # ------------------------------------------------------------------------------------------------ a bare torch loop
 
 
-def engine_loop(model, optimizer, rule, steps, batch, config, monitor=None, probe=None):
+def engine_loop(model, optimizer, rule, steps, batch, config, monitor=None):
     """Hand every step of a plain torch loop to the engine, as the hybrid strategy and scheduler do in Lightning.
     ``batch(step)`` returns the step's loss function of the model. Returns the engine and each step's loss."""
-    engine = bare_engine(config, rule, optimizer, monitor, probe)
+    engine = bare_engine(config, rule, optimizer, monitor)
     losses = [bare_step(engine, optimizer, lambda s=s: batch(s)(model), s).item() for s in range(1, steps + 1)]
     return engine, losses
 
@@ -163,27 +163,12 @@ class FixedJump(OuterMomentum):
         self.points.append((before, params[0].detach().clone()))
 
 
-class ValleyProbe:
-    """A probe of the valley without its noise (the floor across, ``U`` along): where its loss is lower, the run
-    is truly further on."""
-
-    ready = True
-
-    def __init__(self, model: Valley) -> None:
-        self.model = model
-
-    def loss(self) -> float:
-        w = self.model.w.detach()
-        return float(0.5 * A * w[1] ** 2 + 0.5 * C * (w[0] - U) ** 2)
-
-
 def valley_run(rule, steps=66, verify_window=5):
     model = Valley()
     config = HybridConfig(warmup_steps=5, full_steps=10)
     monitor = DivergenceCheck(verify_window=verify_window)
-    probe = ValleyProbe(model) if rule.probe_batches else None
     engine, losses = engine_loop(
-        model, torch.optim.SGD(model.parameters(), lr=LR), rule, steps, valley_batches(), config, monitor, probe
+        model, torch.optim.SGD(model.parameters(), lr=LR), rule, steps, valley_batches(), config, monitor
     )
     return engine, losses, model.w.detach()
 
@@ -290,35 +275,6 @@ def test_jumps_that_training_walks_back_stop_where_the_verdict_against_before_ke
     unjudged, unjudged_losses, unjudged_w = valley_run(FixedJump(along=-1.0, across=0.0))
     assert unjudged.record.counters.jumps_kept == 5 and unjudged.record.counters.rollbacks == 0
     assert w[0] > unjudged_w[0] + 3.0 and sum(losses[-5:]) < sum(unjudged_losses[-5:])
-
-
-def probed(rule):
-    rule.probe_batches = 1
-    return rule
-
-
-def test_the_counterfactual_verdict_undoes_the_jumps_that_leave_the_run_behind_where_it_would_be_without():
-    """Back up the valley by less than a cycle's progress: the loss after each jump is lower than before it, so the
-    verdict against before keeps them (5 of 6). Against the weights without it, on the probe, the first loses and
-    is undone; the cycle after it runs without a jump, and against that level the later ones lose too."""
-    engine, losses, w = valley_run(probed(FixedJump(along=-1.0, across=0.0)))
-    counters, events = engine.record.counters, engine.parts.monitor.events
-    assert counters.jumps_kept == 0 and counters.rollbacks == counters.jumps_made >= 3
-    assert events["counterfactual"] >= 1
-    unjudged, unjudged_losses, unjudged_w = valley_run(FixedJump(along=-1.0, across=0.0))
-    assert unjudged.record.counters.jumps_kept == 5
-    assert w[0] > unjudged_w[0] + 2.0 and sum(losses[-5:]) < sum(unjudged_losses[-5:])
-
-
-def test_the_counterfactual_verdict_keeps_jumps_that_pay_though_each_raises_the_loss_at_once():
-    """Down the valley, overshooting across it: the loss rises at once (an immediate check would reject every jump,
-    above), but once training has taken the overshoot back the weights are further on than without the jump."""
-    engine, _, w = valley_run(probed(FixedJump()))
-    counters = engine.record.counters
-    assert counters.jumps_made == 6 and counters.jumps_kept == 5 and counters.rollbacks == 0
-    assert engine.parts.monitor.events["counterfactual"] == 0
-    _, _, unprobed_w = valley_run(FixedJump())
-    assert torch.allclose(w, unprobed_w)  # the same run: the probe only looked (its shifts round, at most)
 
 
 def test_momentum_terms_are_the_cycles_displacement_against_the_momentum():
@@ -595,7 +551,6 @@ ALIGNED = {
     "outer_norm_aligned": lambda: OuterMomentum(alignment_window=2, keep_norms=True),
     "outer_norm_restart": lambda: OuterMomentum(keep_norms=True, restart=True),
     "outer_norm_restart_on_host": lambda: OuterMomentum(keep_norms=True, restart=True, state_on_host=True),
-    "outer_norm_restart_probe": lambda: OuterMomentum(keep_norms=True, restart=True, probe_batches=1),
 }
 
 
@@ -674,7 +629,6 @@ def test_average_validation_and_checkpoints_see_the_average_and_resume_bitwise(t
         (dict(predictor="outer", bandit=True), "HorizonBandit"),
         (dict(predictor="outer", predict_memory="offload"), "predict_memory"),
         (dict(predictor="outer", full_steps=6, verify_window=7), "verify_window"),
-        (dict(predictor=OuterMomentum(probe_batches=1), verify_window=0), "probe_batches=1"),
     ],
 )
 def test_what_a_rule_cannot_do_is_refused_before_training(settings, message):
@@ -694,7 +648,6 @@ def test_what_a_rule_cannot_do_is_refused_before_training(settings, message):
         (dict(keep_norms="yes"), "keep_norms"),
         (dict(restart=1), "restart"),
         (dict(state_on_host="yes"), "state_on_host"),
-        (dict(probe_batches=-1), "probe_batches"),
         (dict(restart=True, outer_momentum=0.0), "restart"),
     ],
 )
@@ -718,7 +671,7 @@ def test_rules_leave_the_bandit_out_by_default_and_per_step_predictors_keep_it()
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "kind",
-    ["outer", "outer_aligned", "outer_norm", "outer_restart-fused_adam", "outer_probe", "average"],
+    ["outer", "outer_aligned", "outer_norm", "outer_restart-fused_adam", "average"],
 )  # with fused Adam, `outer`'s steps are quiet: guarded on the device, their readings reduced over ranks there
 def test_ddp_ranks_stay_identical_under_a_rule(tmp_path, kind):
     from tests.test_ddp import run_ranks

@@ -11,7 +11,7 @@ from typing import Any
 from lightning_hybrid.stats import EmaStats
 from lightning_hybrid.validation import check_float, check_int
 
-REASONS = ("nonfinite", "bound", "zscore", "oscillation", "delayed", "counterfactual")
+REASONS = ("nonfinite", "bound", "zscore", "oscillation", "delayed")
 
 
 class DivergenceCheck:
@@ -114,14 +114,6 @@ class DivergenceCheck:
         if reason is not None:
             self.events[reason] += 1
         return reason
-
-    def judge_counterfactual(self, now: float, without: float) -> str | None:
-        """The verdict on a jump against not having made it: a probe's loss ``now`` and at the weights ``without`` the
-        jump. It is kept unless the loss would be lower without it."""
-        if not without < now:
-            return None
-        self.events["counterfactual"] += 1
-        return "counterfactual"
 
     def _z_score(self, loss: float) -> float:
         std = self.loss_stats.std

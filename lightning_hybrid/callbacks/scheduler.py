@@ -98,13 +98,12 @@ class HybridScheduler(HybridComponent):
         host = self.predictor
         try:  # the family that runs the predictor, and what it cannot run with, refused by name before training
             family = family_of(host.predictor)
-            size = family.probe_size(host.predictor)
-            if size and not pl_module.automatic_optimization:
+            if family.needs_probe and not pl_module.automatic_optimization:
                 raise ValueError(
                     f"predictor={host.predictor.name!r} evaluates its probe with the module's training_step, which "
                     "under manual optimization steps the optimizer itself; use automatic optimization"
                 )
-            self.probe = ProbeLoss(size) if size else None
+            self.probe = ProbeLoss(getattr(host.predictor, "probe_batches", 1)) if family.needs_probe else None
             if self.probe is not None:
                 self.probe.attach(trainer)
             monitor = self.monitor.divergence

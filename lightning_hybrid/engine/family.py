@@ -71,12 +71,7 @@ class PredictionFamily:
     gated: ClassVar[bool] = True  # observation waits for the learning-rate gate (``predict_lr_fraction``)
     chooses_horizons: ClassVar[bool] = False  # a HorizonBandit has something to choose
     predicts_steps: ClassVar[bool] = False  # enters Predict: steps without a backward pass
-
-    @staticmethod
-    def probe_size(predictor: Any) -> int:
-        """How many batches the fixed probe this family reads for ``predictor`` holds (``Components.probe``; 0: it
-        reads none): the predictor's ``probe_batches``."""
-        return int(getattr(predictor, "probe_batches", 0))
+    needs_probe: ClassVar[bool] = False  # reads the loss on a fixed probe (``Components.probe``)
 
     def __init__(self, engine: EngineView) -> None:
         self.engine = engine

@@ -11,7 +11,7 @@ operations; the engine decides when it acts, verifies and undoes what it did. He
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -113,10 +113,6 @@ class OuterMomentum(TrajectoryRule):
             their outer state, and bring them to the device only at a cycle's end: the device then holds one
             parameter copy above plain (the anchor) outside a jump, and each jump moves ``b`` in and ``b`` and the
             jump out (the way out overlaps the next steps). The same values, bitwise; nothing changes off CUDA.
-        probe_batches: also judge each jump, at its delayed verdict, against not having made it: the loss on a
-            probe of the run's first ``probe_batches`` training batches at the weights now and at the weights
-            minus the jump (where the steps since would have left the run, to first order); a jump that loses is
-            undone. 0: the verdict against the loss before the jump alone. Two probe evaluations a jump.
     """
 
     name = "outer"
@@ -130,7 +126,6 @@ class OuterMomentum(TrajectoryRule):
         keep_norms: bool = False,
         restart: bool = False,
         state_on_host: bool = False,
-        probe_batches: int = 0,
     ) -> None:
         self.outer_lr = check_float("OuterMomentum", "outer_lr", outer_lr, 0.0, 2.0, open_low=True)
         self.outer_momentum = check_float("OuterMomentum", "outer_momentum", outer_momentum, 0.0, 1.0 - 1e-12)
@@ -138,7 +133,6 @@ class OuterMomentum(TrajectoryRule):
         self.keep_norms = check_bool("OuterMomentum", "keep_norms", keep_norms)
         self.restart = check_bool("OuterMomentum", "restart", restart)
         self.state_on_host = check_bool("OuterMomentum", "state_on_host", state_on_host)
-        self.probe_batches = check_int("OuterMomentum", "probe_batches", probe_batches, 0)
         if restart and outer_momentum == 0:
             raise ValueError("OuterMomentum: `restart=True` resets the outer momentum, so it needs outer_momentum > 0")
         self._b: list[Tensor] = []  # on the device; with ``state_on_host``, in ``_held`` instead
@@ -242,16 +236,6 @@ class OuterMomentum(TrajectoryRule):
             return
         with torch.no_grad():
             torch._foreach_zero_(self._b)
-
-    def probe_without(self, params: list[Tensor], loss: Callable[[], float]) -> tuple[float, float]:
-        """``loss()`` (the probe's) at ``params`` and at ``params`` minus the last jump; ``params`` are put back, to
-        within rounding."""
-        jumps, now = self._last_jump(), loss()
-        with torch.no_grad():
-            torch._foreach_sub_(params, jumps)
-            without = loss()
-            torch._foreach_add_(params, jumps)
-        return now, without
 
     def undo(self, params: list[Tensor], anchor: list[Tensor]) -> None:
         """Take the last jump back out of ``params`` and ``anchor`` (keeping the ordinary steps since), and restart

@@ -64,11 +64,6 @@ class OuterJumps(PredictionFamily):
                 "not have; use keep_norms=False under hybrid_fsdp."
             )
         window = parts.monitor.verify_window
-        if parts.predictor.probe_batches and not window:
-            raise ValueError(
-                f"OuterMomentum: `probe_batches={parts.predictor.probe_batches}` judges each jump at its delayed "
-                "verdict, which DivergenceMonitor's verify_window=0 turns off; use verify_window > 0 or probe_batches=0"
-            )
         if window > config.full_steps:
             raise ValueError(
                 f"DivergenceMonitor: `verify_window` must be at most full_steps ({config.full_steps}) with "
@@ -144,7 +139,7 @@ class OuterJumps(PredictionFamily):
         if state.pending:
             state.pending = False
             pooled = math.sqrt((state.spread**2 + spread**2) / 2)
-            reason = e.parts.monitor.judge_window(state.reference, mean, pooled) or self._counterfactual()
+            reason = e.parts.monitor.judge_window(state.reference, mean, pooled)
             if reason is not None:
                 self._reject(reason)
                 mean = math.nan  # measured with the rejected jump: no reference for the next one
@@ -160,13 +155,6 @@ class OuterJumps(PredictionFamily):
             e.parts.predictor.put_away()
             return
         state.jump_due = True  # what the rule brought to the device stays there for it
-
-    def _counterfactual(self) -> str | None:
-        """With the rule's ``probe_batches``: the jump judged against the weights without it, on the probe."""
-        e, probe = self.engine, self.engine.parts.probe
-        if probe is None or not probe.ready:
-            return None
-        return e.parts.monitor.judge_counterfactual(*e.parts.predictor.probe_without(e.store.params, probe.loss))
 
     def _jump(self) -> None:
         """Make the jump decided at the last cycle's end. It waits for the next step to start, so that whatever runs

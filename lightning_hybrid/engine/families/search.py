@@ -30,6 +30,7 @@ class ProbeSearch(PredictionFamily):
 
     name = "search"
     gated = False  # every backward pass is kept
+    needs_probe = True
 
     def __init__(self, engine: Any) -> None:
         super().__init__(engine)
