@@ -97,9 +97,11 @@ def _summary(cfg: Any, callbacks: list[Any] | None = None) -> dict[str, Any]:
 
 def sync(call: Call) -> dict[str, Any]:
     """The suite's CUDA tests: 40 steps under ``torch.cuda.set_sync_debug_mode("error")``, quiet steps read nothing;
-    and ``outer``'s jumps with ``state_on_host`` (pinned memory, a side stream) the same as without."""
+    ``outer``'s jumps with ``state_on_host`` (pinned memory, a side stream) the same as without; and ``linear``'s
+    update average on the host between fits, back on the device in the next."""
     tests = ["tests/test_idle.py::test_quiet_steps_never_synchronise_on_cuda"]
     tests += ["tests/test_outer_on_host.py::test_jumps_with_state_on_host_match_jumps_without_on_every_device"]
+    tests += ["tests/test_lightning_run.py::test_the_update_average_waits_on_the_host_between_fits_on_cuda"]
     args = [sys.executable, "-m", "pytest", "-q", "-p", "no:warnings", "--tb=short", *tests]
     done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
     return {"passed": done.returncode == 0, "output": done.stdout[-6000:]}

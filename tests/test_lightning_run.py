@@ -455,6 +455,33 @@ def test_swa_plateau_scheduling_and_a_second_fit_keep_working():
     assert torch.isfinite(flat_params(model)).all()
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: where the update average holds device memory")
+def test_the_update_average_waits_on_the_host_between_fits_on_cuda():
+    """``linear``'s update average (one parameter copy) leaves the device when ``fit`` ends, as Lightning's optimizer
+    state does, and the next ``fit`` of the same model takes it up again on the device, unchanged."""
+
+    class FirstBatch(L.Callback):
+        def on_train_batch_start(self, trainer, *args):
+            if not hasattr(self, "seen"):
+                self.seen = [[t.clone() for t in g] for g in _predictor(trainer).directions()]
+
+    trainer, _ = hybrid_trainer(30, accelerator="cuda", devices=1, logger=False)
+    model = RegressionModel()
+    trainer.fit(model, loader())
+    after = _predictor(trainer).directions()
+    assert all(t.device.type == "cpu" for g in after for t in g) and any(t.abs().sum() > 0 for g in after for t in g)
+    watch = FirstBatch()
+    trainer.callbacks.append(watch)
+    trainer.fit_loop.epoch_loop.max_steps = 40
+    trainer.fit(model, loader())
+    assert all(t.device.type == "cuda" for g in watch.seen for t in g)
+    assert all(torch.equal(a.cpu(), b) for ga, gb in zip(watch.seen, after) for a, b in zip(ga, gb))
+
+
+def _predictor(trainer):
+    return next(cb for cb in trainer.callbacks if type(cb).__name__ == "DynamicsPredictor").predictor
+
+
 def test_value_clipping_with_a_gradient_scaler_survives_skipped_steps():
     from lightning.pytorch.plugins.precision import MixedPrecision
 

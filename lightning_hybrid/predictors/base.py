@@ -132,6 +132,10 @@ class Predictor(ABC):
     def confidence(self) -> float:
         """Current confidence in ``[0, 1]`` that a planned segment will track real training."""
 
+    def release(self) -> None:  # noqa: B027 (a hook: predictors that hold nothing parameter-sized need not override it)
+        """The end of ``fit``: move parameter-sized state to host memory, as Lightning moves the optimizer's state at
+        teardown; :meth:`setup` brings it back to the next ``fit``'s device."""
+
     def uncertainty(self) -> float:
         """Disagreement of an ensemble about the next segment (0 for single models)."""
         return 0.0

@@ -85,6 +85,8 @@ class DirectionPredictor(Predictor):
             self._avg = [[torch.zeros_like(p) for p in group] for group in params]
             self._avg_sq, self._tracked = None, False
             self._build(len(params), feature_dim, params[0][0].device)
+        else:  # the same model again: the averages learnt go on, on its device
+            self._avg = [[t.to(p.device) for t, p in zip(g, pg)] for g, pg in zip(self._avg, params)]
         if self._pending is not None:
             state, self._pending = self._pending, None
             self.load_state_dict(state)
@@ -182,6 +184,10 @@ class DirectionPredictor(Predictor):
         return self._avg
 
     # -- state -----------------------------------------------------------------------------------------------
+    def release(self) -> None:
+        """The update averages (one parameter copy) wait in host memory between fits."""
+        self._avg = [[t.to("cpu") for t in group] for group in self._avg]
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "avg": [[t.detach().clone() for t in group] for group in self._avg],

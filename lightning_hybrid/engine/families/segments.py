@@ -227,11 +227,13 @@ class PredictSegments(PredictionFamily):
         return e.store is not None and e.store.snapshot_alive and e.machine.segment_pos > 0
 
     def end_fit(self) -> None:
-        """A segment not yet verified is rolled back: no ordinary step is left to verify it."""
+        """A segment not yet verified is rolled back: no ordinary step is left to verify it. Then the predictor's
+        parameter-sized state goes to the host."""
         e = self.engine
         if e.store.snapshot_alive:
             e.record.counters.end_of_fit_rollbacks += 1
             self._rollback("fit ended before the segment was verified")
+        e.parts.predictor.release()
 
     # -- reporting and state -------------------------------------------------------------------------------------
     def metrics(self, step: StepRecord) -> dict[str, float]:
