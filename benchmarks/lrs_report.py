@@ -201,7 +201,8 @@ def floor_summary(found_by_task: dict[str, dict[str, dict[float, list[dict]]]]) 
                 if not ok:
                     control = [f"{c} {_said(found[c][lr])}" for c in CONTROLS if c != config and lr in found.get(c, {})]
                     beside = f" (control {'; '.join(control)})" if control else ""
-                    hosts = f" [baseline on another machine: {_hosts(rows)}]" if _hosts(rows) else ""
+                    other = _hosts(rows)
+                    hosts = f" [baseline on another machine: {other}]" if other else ""
                     missed.append(f"{task} at {_rate(lr, best)}: {_said(rows)}{hosts}{beside}")
         cells = held + len(missed)
         if cells:

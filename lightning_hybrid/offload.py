@@ -1,6 +1,9 @@
-"""Moving an optimizer's state to host memory for a Predict segment, and back before the next ordinary step."""
+"""Device state held in host memory: an optimizer's state during a Predict segment, a rule's between cycle ends
+(:class:`HostHeld`), and host copies for checkpoints."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -10,6 +13,11 @@ from torch.optim import Optimizer
 def host_like(t: Tensor) -> Tensor:
     """An empty CPU tensor shaped like ``t``; pinned when ``t`` is on CUDA, so copies can run asynchronously."""
     return torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=t.is_cuda)
+
+
+def host_copies(tensors: Sequence[Tensor]) -> list[Tensor]:
+    """Host copies of ``tensors``, for a checkpoint."""
+    return [t.detach().to("cpu", copy=True) for t in tensors]
 
 
 def host_views(like: list[Tensor]) -> list[Tensor]:
@@ -158,8 +166,7 @@ class HostHeld:
     def zero_(self) -> None:
         """Set every value to zero, on the host (any device copies are dropped first)."""
         self.drop()
-        for h in self.host:
-            h.zero_()
+        torch._foreach_zero_(self.host)
 
     def drop(self) -> None:
         """Forget the device copies, and wait for every copy that may still read or write the host ones: after it
@@ -173,7 +180,7 @@ class HostHeld:
     def values(self) -> list[Tensor]:
         """The current values, on the host (for a checkpoint): the device copies if held, else the host ones."""
         if self._on_device is not None:
-            return [t.detach().to("cpu", copy=True) for t in self._on_device]
+            return host_copies(self._on_device)
         if self._copied is not None:
             self._copied.synchronize()
         return [t.clone() for t in self.host]

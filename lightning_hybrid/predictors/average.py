@@ -8,7 +8,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_hybrid.predictors.rules import TensorList, TrajectoryRule, host_copies, load_into
+from lightning_hybrid.offload import host_copies
+from lightning_hybrid.predictors.rules import TensorList, TrajectoryRule, load_into
 from lightning_hybrid.validation import check_float
 
 

@@ -17,15 +17,10 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from lightning_hybrid.offload import HostHeld
+from lightning_hybrid.offload import HostHeld, host_copies
 from lightning_hybrid.validation import check_bool, check_float, check_int
 
 TensorList = Sequence[Tensor]
-
-
-def host_copies(tensors: TensorList) -> list[Tensor]:
-    """Host copies of ``tensors``, for a checkpoint."""
-    return [t.detach().to("cpu", copy=True) for t in tensors]
 
 
 def load_into(owner: str, what: str, dst: list[Tensor], src: list[Tensor]) -> None:
