@@ -16,7 +16,7 @@ and without ``state_on_host``, in parameter copies above plain), ``fp16`` (``16-
 rollbacks), ``fsdp`` (``hybrid_fsdp`` on NCCL, where two GPUs are present), ``overheads`` (prediction off, tracking
 and ``outer``, with and without ``state_on_host``, against plain, in one process), and ``gpt2`` (the
 GPT-2-small-shaped task in bf16 with fused AdamW: plain against the defaults and the harness's candidate
-``outer_norm_restart`` with ``state_on_host``, at the task's rate, a third of it and 3 times it, 3 seeds, and plain
+``outer_norm_restart_res`` with ``state_on_host``, at the task's rate, a third of it and 3 times it, 3 seeds, and plain
 alone at a ninth and 9 times it; its length is planned from two probe runs to fit the call and printed first, and
 its runs carry over calls).
 Results: ``mechanics.json``, ``overheads.json``, ``gpt2.json`` and ``README.md`` in ``--out`` (default
@@ -234,8 +234,9 @@ def overheads(call: Call) -> dict[str, Any]:
     return bench.against_plain(size, steps, rounds, call.workdir, modes)
 
 
-# the default, and the candidate as it would run on a GPU: the harness's `outer_norm_restart` with `state_on_host`
-GPT2_CONFIGS = {"defaults": [], "outer_norm_restart_on_host": OUTER_ON_HOST}
+# the default, and the candidate as it would run on a GPU: the harness's `outer_norm_restart_res` with `state_on_host`
+CANDIDATE_ON_HOST = [*HYBRID["outer_norm_restart_res"], "predictor.state_on_host=true"]
+GPT2_CONFIGS = {"defaults": [], "candidate_on_host": CANDIDATE_ON_HOST}
 GPT2_SEEDS = 3
 # (the rate over the task's, whether the configurations run beside plain), in the order they run: the issue's two
 # rates first, then plain alone (seed 0) at the sweep's ends, which says whether the task's rate is the tuned one
@@ -266,7 +267,7 @@ def _gpt2_plan(call: Call) -> dict[str, Any]:
 
 
 def gpt2(call: Call, record: dict[str, Any], save: Callable[[], None]) -> dict[str, Any]:
-    """Plain against the defaults and the candidate (``outer_norm_restart`` with ``state_on_host``) on
+    """Plain against the defaults and the candidate (``outer_norm_restart_res`` with ``state_on_host``) on
     ``char_gpt_gpt2`` at the task's rate, a third of it and 3 times it, 3 seeds, and plain at a ninth and 9 times it
     (seed 0)."""
     if "plan" not in record:

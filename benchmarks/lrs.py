@@ -45,6 +45,13 @@ HYBRID = {  # configuration -> overrides
     "outer_norm_aligned": ["predictor=outer", "predictor.keep_norms=true", "predictor.alignment_window=5"],  # both
     "outer_norm_restart": ["predictor=outer", "predictor.keep_norms=true", "predictor.restart=true"],  # no jump, and
     # the momentum reset, when a cycle points against it
+    # the same, making no jump where a cycle's losses spread too widely for the delayed verdict to see a 20% rise
+    "outer_norm_restart_res": [
+        "predictor=outer",
+        "predictor.keep_norms=true",
+        "predictor.restart=true",
+        "hybrid.verify_resolution=0.2",
+    ],
     "outer_norm_restart_mu6": [  # a longer outer step: 0.7 / (1 - 0.6) = 1.75 cycles' worth, against 1.4
         "predictor=outer",
         "predictor.outer_momentum=0.6",

@@ -22,7 +22,8 @@ All runs are the app's character GPT at two sizes, built by the harness like any
   alternating in this process over a run long enough for ``search`` to back off to its longest gap; every backward
   pass is kept, so the ratio is the rule's own work (jumps; probe evaluations and searches). Each run's jumps and
   kept search steps are listed beside it: where ``search`` kept none, its ratio is what it costs a run where it
-  does not pay.
+  does not pay. ``outer_aside`` is the harness's candidate where it steps aside: with a limit no cycle meets, no
+  cycle can be judged and no jump is made, so its ratio is what it costs a run where its verdict cannot see.
 - Peak memory: each run in its own process (peak RSS is per process); on CUDA the peak allocated/reserved bytes.
   Plain, and each predictor that holds parameter-sized state: ``linear`` tracking (outside Predict) and
   predicting, each with the update's buffer per step and kept (``capture_buffer``), ``outer`` and ``average``.
@@ -185,9 +186,12 @@ IDLE_LABELS = {  # mode -> (what the report calls it, the issue's goal)
 
 
 RULE_MODES = {mode: HYBRID[mode] for mode in ("outer_norm", "search")}  # the lrs harness's overrides
+# the candidate where it steps aside: a limit no cycle's margin meets, so every cycle is too noisy to judge a jump
+RULE_MODES["outer_aside"] = [*HYBRID["outer_norm_restart_res"], "hybrid.verify_resolution=1e-12"]
 RULE_LABELS = {  # mode -> (what the report calls it, the goal)
     "outer_norm": ("`outer` with `keep_norms` (jumps every `full_steps`)", None),
     "search": ("`search` (its probe evaluations and searches included)", "1.01 where it keeps nothing"),
+    "outer_aside": ("`outer_norm_restart_res` stepping aside (no cycle judged, no jump)", "1.01"),
 }
 
 SETTLE = 4  # steps of each run left out of its steady-step time
@@ -251,7 +255,14 @@ def against_plain(size: str, steps: int, rounds: int, workdir: str, modes: dict[
             steady[label].append(clock.steady_step())
             if label != "plain":
                 c = find_scheduler(trainer).counters
-                kept[label].append({"jumps": c.jumps_made, "searches": c.searches, "search_steps": c.search_steps})
+                kept[label].append(
+                    {
+                        "jumps": c.jumps_made,
+                        "blind": c.jumps_blind,
+                        "searches": c.searches,
+                        "search_steps": c.search_steps,
+                    }
+                )
     ratios = {mode: [h / p for h, p in zip(times[mode], times["plain"])] for mode in modes}
     steady_ratios = {mode: [h / p for h, p in zip(steady[mode], steady["plain"])] for mode in modes}
     return {
@@ -329,6 +340,14 @@ def memory(size: str, steps: int, threads: int) -> dict[str, Any]:
     return {"runs": runs, "hybrid_minus_plain_bytes": extra, "in_parameter_copies": copies}
 
 
+def _kept(mode: str, counts: dict[str, int]) -> str:
+    """What one run of a rule did: its jumps (and cycles too noisy to judge one), or its searches."""
+    if mode == "search":
+        return f"{counts['search_steps']} steps kept by {counts['searches']} searches"
+    blind = counts.get("blind", 0)  # result files from before the count have none
+    return f"{counts['jumps']} jumps" + (f" ({blind} cycles too noisy to judge one)" if blind else "")
+
+
 def to_markdown(results: dict[str, Any]) -> str:
     lines = [
         f"Machine: {results['machine'].get('cuda_device', results['machine']['processor'])}, "
@@ -364,12 +383,7 @@ def to_markdown(results: dict[str, Any]) -> str:
             o = r["rule_overhead"]
             for mode, (what, goal) in RULE_LABELS.items():
                 ratios, steady = o["ratios"][mode], o["steady_ratios"][mode]
-                kept = ", ".join(
-                    f"{k['jumps']} jumps"
-                    if mode == "outer_norm"
-                    else f"{k['search_steps']} steps kept by {k['searches']} searches"
-                    for k in o["kept"][mode]
-                )
+                kept = ", ".join(_kept(mode, k) for k in o["kept"][mode])
                 lines.append(
                     f"- {what} / plain over {o['steps']} steps ({o['clock']}, median of {len(ratios)} rounds): whole "
                     f"fit **{o['hybrid_over_plain'][mode]:.3f}** ({min(ratios):.3f}-{max(ratios):.3f}), steady steps "

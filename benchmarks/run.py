@@ -50,9 +50,11 @@ class Record:
     rollbacks: int = 0
     segments_started: int = 0
     peak_cuda_allocated_bytes: int | None = None
+    jumps_blind: int = 0  # cycle ends whose losses were too noisy for the verdict to judge a jump
 
     def to_dict(self) -> dict[str, Any]:
         keys = ("device", "steps", "backward_skipped_pct", "rollbacks", "segments_started", "peak_cuda_allocated_bytes")
+        keys += ("jumps_blind",)
         return {k: getattr(self, k) for k in keys} | self.curve.to_dict()
 
 
@@ -76,6 +78,7 @@ def fit(cfg: Any, hybrid: bool, stop: Any = None, callbacks: Sequence[Any] = ())
         counters = scheduler.counters
         record.backward_skipped_pct = round(counters.backward_skipped_pct, 3)
         record.rollbacks, record.segments_started = counters.rollbacks, counters.predictions_made  # or jumps
+        record.jumps_blind = counters.jumps_blind
     return record
 
 

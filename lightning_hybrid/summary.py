@@ -28,6 +28,7 @@ class RunCounters:
     jumps_kept: int = 0
     jumps_rejected: int = 0  # counted in `rollbacks` too
     jump_restarts: int = 0  # jumps not made: the cycle pointed against the outer momentum, which restarted
+    jumps_blind: int = 0  # jumps not made: the cycle's losses spread too widely for the delayed verdict to judge
     searches: int = 0  # probe-verified line searches
     search_steps: int = 0  # repetitions of an update they kept
     invalid_plans: int = 0
@@ -66,8 +67,12 @@ class RunCounters:
 
 
 def _restarts(summary: dict[str, Any]) -> str:
-    restarts = summary["jump_restarts"]
-    return f" ({restarts} cycles restarted the momentum instead)" if restarts else ""
+    said = []
+    if summary["jump_restarts"]:
+        said.append(f"{summary['jump_restarts']} cycles restarted the momentum instead")
+    if summary.get("jumps_blind"):
+        said.append(f"{summary['jumps_blind']} cycles too noisy to judge one")
+    return f" ({'; '.join(said)})" if said else ""
 
 
 def format_summary(summary: dict[str, Any]) -> str:

@@ -144,8 +144,10 @@ def test_quick_overheads_time_every_component(tmp_path):
     for label, fits in overhead["seconds"].items():  # one steady step is a part of its fit
         assert all(0 < step < fit for step, fit in zip(overhead["steady_step_seconds"][label], fits, strict=True))
     rules = result["rule_overhead"]  # past the warmup: outer_norm jumps and search searches, every backward kept
-    assert {mode: len(r) for mode, r in rules["ratios"].items()} == {"outer_norm": 1, "search": 1}
+    assert {mode: len(r) for mode, r in rules["ratios"].items()} == {"outer_norm": 1, "search": 1, "outer_aside": 1}
     assert rules["kept"]["outer_norm"][0]["jumps"] > 0 and rules["kept"]["search"][0]["searches"] > 0
+    aside = rules["kept"]["outer_aside"][0]
+    assert aside["jumps"] == 0 and aside["blind"] > 0
     memory = result["memory"]
     runs = memory["runs"]
     assert runs["linear_predicting"]["predicted_steps"] > 0 and "predicted_steps" not in runs["plain"]

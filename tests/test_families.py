@@ -205,12 +205,16 @@ class MonitorDouble:
         self._called("judge_window")
         return "delayed"  # rejects every jump
 
+    def blind(self, mean: float, spread: float) -> bool:
+        self._called("blind")
+        return False  # can judge every cycle
+
 
 @pytest.mark.parametrize(
     ("predictor", "settings", "expected"),
     [
         (LinearPredictor(), dict(FAST_PHASES, predict_forward_every=0), {"check", "start_segment", "observe"}),
-        (OuterMomentum(), RULE_PHASES, {"diverged", "judge_window", "observe"}),
+        (OuterMomentum(), RULE_PHASES, {"diverged", "judge_window", "blind", "observe"}),
         (PrimalAverage(), RULE_PHASES, {"observe"}),
     ],
     ids=["segments", "jumps", "averaging"],

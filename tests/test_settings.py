@@ -80,6 +80,7 @@ def test_settings_reach_their_component():
     [
         (lambda: DivergenceMonitor(z_threshold=0), "`z_threshold`"),
         (lambda: DivergenceMonitor(oscillation_window=-1), "`oscillation_window`"),
+        (lambda: DivergenceMonitor(verify_resolution=-0.1), "`verify_resolution` must be a finite number in"),
         (lambda: ResidualCorrector(max_correction_factor=0.5), "`max_correction_factor`"),
         (lambda: ResidualCorrector(time_decay=0.0), "`time_decay`"),
         (lambda: ResidualCorrector(neighbours=0), "`neighbours`"),

@@ -314,6 +314,57 @@ def test_restart_makes_no_jump_where_cycles_turn_back_and_every_jump_where_they_
     assert torch.equal(w, w_plain)
 
 
+def test_the_verdicts_margin_against_the_loss_decides_whether_it_can_judge():
+    check = DivergenceCheck(verify_window=8, verify_sigmas=2.0, verify_resolution=0.2)  # margin = 2 * spread / 2
+    assert check.blind(mean=1.0, spread=0.3) and check.blind(mean=-1.0, spread=0.3)
+    assert not check.blind(mean=1.0, spread=0.1)
+    assert not DivergenceCheck(verify_window=8).blind(mean=1.0, spread=100.0)  # 0: no limit
+    assert not DivergenceCheck(verify_window=0, verify_resolution=0.2).blind(mean=1.0, spread=100.0)
+
+
+def noisy_target_run(resolution, noisy_from, steps=66):
+    """``target_run``'s steady target, with verification windows of 4 steps, and a constant added to each step's
+    loss from step ``noisy_from`` on: +1 and -1 in turn, so that every later window's mean is its losses' level
+    and their spread is 1, and no gradient changes."""
+    model = Valley()
+    config = HybridConfig(warmup_steps=5, full_steps=10)
+    noise = lambda step: 0.0 if step < noisy_from else (-1.0) ** step  # noqa: E731
+    batches = lambda step: lambda m: 0.5 * ((m.w - 0.1 * step) ** 2).sum() + noise(step)  # noqa: E731
+    monitor = DivergenceCheck(verify_window=4, verify_resolution=resolution)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    engine, _ = engine_loop(model, optimizer, OuterMomentum(), steps, batches, config, monitor)
+    return engine.record.counters, model.w.detach()
+
+
+def test_no_jump_is_made_where_the_cycles_losses_are_too_noisy_for_its_verdict_to_judge():
+    """Windows end at steps 15, 25, ..., 65. Quiet until step 38 (the first step after the third jump is judged
+    quietly), a margin of 2 * 1 * sqrt(2 / 4) = 1.41 from then on, far above a fifth of the loss: the three cycle
+    ends after it make no jump, and say why; the quiet ones jump as without the limit. A limit no window reaches
+    changes nothing, bit for bit; where no window can be judged, the run is plain training, bit for bit."""
+    counters, _ = noisy_target_run(0.2, noisy_from=38)
+    assert (counters.jumps_made, counters.jumps_blind, counters.rollbacks) == (3, 3, 0)
+    assert "3 jumps (3 cycles too noisy to judge one)" in format_summary({**counters.summary(), "wall_time_s": 1.0})
+    unlimited, w = noisy_target_run(0.0, noisy_from=38)
+    assert (unlimited.jumps_made, unlimited.jumps_blind) == (6, 0)
+    loose, w_loose = noisy_target_run(1e6, noisy_from=38)
+    assert (loose.jumps_made, loose.jumps_blind) == (6, 0) and torch.equal(w_loose, w)
+    counters, w_blind = noisy_target_run(0.2, noisy_from=0)  # never able to judge: plain training, bit for bit
+    assert (counters.jumps_made, counters.jumps_blind) == (0, 6)
+    plain = OuterMomentum(outer_lr=1.0, outer_momentum=0.0)
+    model = Valley()
+    batches = lambda step: lambda m: 0.5 * ((m.w - 0.1 * step) ** 2).sum()  # noqa: E731
+    engine_loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.5),
+        plain,
+        66,
+        batches,
+        HybridConfig(warmup_steps=5, full_steps=10),
+        DivergenceCheck(verify_window=0),
+    )
+    assert torch.equal(w_blind, model.w.detach())
+
+
 # ------------------------------------------------------------------------------------------------ Lightning runs
 
 
@@ -341,6 +392,17 @@ def test_outer_with_eta_one_and_no_momentum_is_plain_lightning_bitwise():
     hybrid, _ = fit_regression(hybrid_callbacks(predictor=OuterMomentum(1.0, 0.0), **RULE_PHASES))
     assert torch.equal(flat_params(hybrid), flat_params(plain))
     assert hybrid.backward_calls == plain.backward_calls == 40
+
+
+def test_a_lightning_run_whose_verdict_cannot_judge_any_cycle_trains_plainly_and_says_so():
+    """The monitor's ``verify_resolution`` reaches the jumps through ``hybrid_callbacks``: a limit below every
+    window's margin (16-sample batches of noise) makes no jump, and the weights are plain Lightning's."""
+    plain, _ = fit_regression([], strategy=False)
+    callbacks = hybrid_callbacks(predictor="outer", verify_resolution=1e-6, **RULE_PHASES)
+    model, trainer = fit_regression(callbacks)
+    counters = scheduler_of(trainer).counters
+    assert (counters.jumps_made, counters.jumps_blind) == (0, (40 - 5) // 6 - 1)
+    assert torch.equal(flat_params(model), flat_params(plain)) and model.backward_calls == 40
 
 
 def test_outer_jumps_every_cycle_in_a_lightning_run_and_keeps_every_backward_pass():
@@ -467,7 +529,7 @@ def test_rules_run_under_manual_optimization(predictor):
         assert all(torch.equal(p, x) for p, x in zip(model.parameters(), engine.parts.predictor.average))
 
 
-def _checkpointed_run(root, predictor, ckpt_path=None, batch_size=16):
+def _checkpointed_run(root, predictor, ckpt_path=None, batch_size=16, **settings):
     """40 steps of 64 samples an epoch, checkpointed at every epoch's end (4 steps at the default batch size), where
     Lightning resumes exactly."""
     every = ModelCheckpoint(
@@ -475,7 +537,7 @@ def _checkpointed_run(root, predictor, ckpt_path=None, batch_size=16):
     )
     trainer, _ = hybrid_trainer(
         40,
-        hybrid=hybrid_callbacks(predictor=predictor, **RULE_PHASES),
+        hybrid=hybrid_callbacks(predictor=predictor, **RULE_PHASES, **settings),
         extra_callbacks=[every] if ckpt_path is None else [],
         logger=False,
         enable_checkpointing=ckpt_path is None,
@@ -542,6 +604,20 @@ def test_after_fit_a_rule_lets_its_copies_go_keeps_its_state_for_checkpoints_and
     reused, _ = _checkpointed_run(tmp_path / "reused", rule, ckpt_path=path)
     assert torch.equal(flat_params(reused), flat_params(fresh))
     assert torch.equal(flat_params(fresh), flat_params(model))
+
+
+def test_resume_across_cycles_too_noisy_to_judge_is_bitwise_exact(tmp_path):
+    """A limit that some of this run's windows pass and some do not (one jump made, two cycles too noisy, one
+    restart): resumed from each checkpoint, the same decisions and the same weights."""
+    rule = lambda: OuterMomentum(keep_norms=True, restart=True)  # noqa: E731
+    model, trainer = _checkpointed_run(tmp_path / "full", rule(), verify_resolution=0.4)
+    want = scheduler_of(trainer).summary()
+    assert (want["jumps_made"], want["jumps_blind"], want["jump_restarts"]) == (1, 2, 1)
+    for path in sorted((tmp_path / "full" / "ckpt").glob("*.ckpt"))[:-1]:
+        resumed, again = _checkpointed_run(tmp_path / path.stem, rule(), ckpt_path=path, verify_resolution=0.4)
+        assert torch.equal(flat_params(resumed), flat_params(model)), path.name
+        got = scheduler_of(again).summary()
+        assert [got[k] for k in ("jumps_made", "jumps_blind", "jump_restarts")] == [1, 2, 1], path.name
 
 
 ALIGNED = {

@@ -39,6 +39,10 @@ class DivergenceCheck:
             the jump (at most ``full_steps``); 0 keeps every jump unchecked and holds no copy of it.
         verify_sigmas: a jump is rolled back when that mean exceeds the window's mean before the jump by more than
             this many standard errors (> 0).
+        verify_resolution: the widest margin, as a fraction of the window's mean loss, at which that verdict still
+            judges (>= 0; 0: no limit). Where a cycle's losses spread so widely that a jump raising the loss by more
+            than this fraction would still pass, the verdict is blind and no jump is made. For losses bounded below
+            by 0 (cross-entropy, squared error), whose level says how much room is left.
     """
 
     def __init__(
@@ -50,6 +54,7 @@ class DivergenceCheck:
         grad_outlier_factor: float = 100.0,
         verify_window: int = 10,
         verify_sigmas: float = 2.0,
+        verify_resolution: float = 0.0,
     ) -> None:
         owner = "DivergenceMonitor"  # the name users configure it by
         self.z_threshold = check_float(owner, "z_threshold", z_threshold, 0.0, open_low=True)
@@ -59,6 +64,7 @@ class DivergenceCheck:
         self.grad_outlier_factor = check_float(owner, "grad_outlier_factor", grad_outlier_factor, 0.0)
         self.verify_window = check_int(owner, "verify_window", verify_window, 0)
         self.verify_sigmas = check_float(owner, "verify_sigmas", verify_sigmas, 0.0, open_low=True)
+        self.verify_resolution = check_float(owner, "verify_resolution", verify_resolution, 0.0)
         self.loss_stats = EmaStats(stats_decay)
         self.grad_norm_stats = EmaStats(stats_decay)
         self.events = {reason: 0 for reason in REASONS}
@@ -109,11 +115,21 @@ class DivergenceCheck:
         ``verify_sigmas`` standard errors of the difference. A linear extrapolation of earlier windows' progress
         would expect too much on a loss curve that flattens (measured on the river-valley test: it rejected a
         jump that paid), and a cycle's progress is small against batch noise on real tasks."""
-        tolerance = self.verify_sigmas * spread * math.sqrt(2.0 / self.verify_window)
+        tolerance = self._tolerance(spread)
         reason = "nonfinite" if not math.isfinite(after) else "delayed" if after > before + tolerance else None
         if reason is not None:
             self.events[reason] += 1
         return reason
+
+    def _tolerance(self, spread: float) -> float:
+        return self.verify_sigmas * spread * math.sqrt(2.0 / self.verify_window)
+
+    def blind(self, mean: float, spread: float) -> bool:
+        """Whether the delayed verdict could not see a jump's harm, judged on a window of ``mean`` loss whose losses
+        spread by ``spread``: its margin would exceed ``verify_resolution`` of the loss (see the class's doc)."""
+        if self.verify_resolution == 0 or self.verify_window == 0:
+            return False
+        return self._tolerance(spread) > self.verify_resolution * abs(mean)
 
     def _z_score(self, loss: float) -> float:
         std = self.loss_stats.std

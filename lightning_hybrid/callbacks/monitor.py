@@ -15,7 +15,7 @@ class DivergenceMonitor(HostComponent):
     Args:
         **settings: the check's settings, each documented there: ``z_threshold``, ``oscillation_window``,
             ``oscillation_sigmas``, ``stats_decay``, ``grad_outlier_factor``, ``verify_window``,
-            ``verify_sigmas``.
+            ``verify_sigmas``, ``verify_resolution``.
     """
 
     def __init__(self, **settings: Any) -> None:

@@ -3,9 +3,10 @@ runs from an anchor, held in the store's buffer, and after it the weights jump a
 jump is made as the next step starts, judged at that step for divergence, and then by the mean loss of the last
 ``verify_window`` steps of the cycle it starts; a rejected jump is subtracted again. Only the step after a jump is
 read before its update; the others are quiet (guarded on the device where the optimizer allows, read per cycle).
-With the rule's ``alignment_window``, the jumps are also judged by whether training carries them on or walks them
-back, and stop for the rest of the run once it walks them back; with its ``restart``, a cycle whose displacement
-points against the outer momentum resets it and makes no jump."""
+Where a cycle's losses spread too widely against their level for that verdict to see harm (the monitor's
+``verify_resolution``), no jump is made. With the rule's ``alignment_window``, the jumps are also judged by whether
+training carries them on or walks them back, and stop for the rest of the run once it walks them back; with its
+``restart``, a cycle whose displacement points against the outer momentum resets it and makes no jump."""
 
 from __future__ import annotations
 
@@ -150,7 +151,7 @@ class OuterJumps(PredictionFamily):
         off = e.policy.prediction_off or not e.config.enable_prediction or not e.parts.predictor.moves
         off = off or state.stopped_at >= 0
         unjudged = verify and (not math.isfinite(state.reference) or not self._verdict_in_time())
-        if off or unjudged or self._restart_instead():
+        if off or unjudged or self._blind() or self._restart_instead():
             copy_(e.store.buffer, e.store.params)  # no jump: the next cycle starts from here
             e.parts.predictor.put_away()
             return
@@ -171,6 +172,15 @@ class OuterJumps(PredictionFamily):
         e.policy.segment_started()
         state.pending = state.first_check = self.verify_window > 0
         state.aligning = self.alignment_window > 0
+
+    def _blind(self) -> bool:
+        """Whether this cycle's losses spread too widely, against their level, for the delayed verdict to see a
+        jump's harm (the monitor's ``verify_resolution``): then no jump is made, and it is counted."""
+        state, e = self.state, self.engine
+        if not e.parts.monitor.blind(state.reference, state.spread):
+            return False
+        e.record.counters.jumps_blind += 1
+        return True
 
     def _restart_instead(self) -> bool:
         """With the rule's ``restart``, where the cycle's displacement points against the outer momentum (a cosine
