@@ -36,6 +36,9 @@ from benchmarks.tasks import compose_run, hybrid_steps, length_of
 
 OUT = RESULTS / "lrs"
 SWEEP = (1 / 9, 1 / 3, 1.0, 3.0, 9.0)  # times the task's own rate
+# jumps that change direction, not each tensor's scale, with no jump (and the momentum reset) where a cycle points
+# against the momentum: the candidate
+OUTER_NORM_RESTART = ["predictor=outer", "predictor.keep_norms=true", "predictor.restart=true"]
 HYBRID = {  # configuration -> overrides
     "search": ["predictor=search"],
     "search_span": ["predictor=search", "predictor.span=6"],  # along the mean of the 6 updates between searches
@@ -43,15 +46,9 @@ HYBRID = {  # configuration -> overrides
     "outer_aligned": ["predictor=outer", "predictor.alignment_window=5"],  # jumps stop once training walks them back
     "outer_norm": ["predictor=outer", "predictor.keep_norms=true"],  # jumps change direction, not each tensor's scale
     "outer_norm_aligned": ["predictor=outer", "predictor.keep_norms=true", "predictor.alignment_window=5"],  # both
-    "outer_norm_restart": ["predictor=outer", "predictor.keep_norms=true", "predictor.restart=true"],  # no jump, and
-    # the momentum reset, when a cycle points against it
+    "outer_norm_restart": OUTER_NORM_RESTART,
     # the same, making no jump where a cycle's losses spread too widely for the delayed verdict to see a 20% rise
-    "outer_norm_restart_res": [
-        "predictor=outer",
-        "predictor.keep_norms=true",
-        "predictor.restart=true",
-        "hybrid.verify_resolution=0.2",
-    ],
+    "outer_norm_restart_res": [*OUTER_NORM_RESTART, "hybrid.verify_resolution=0.2"],
     "outer_norm_restart_mu6": [  # a longer outer step: 0.7 / (1 - 0.6) = 1.75 cycles' worth, against 1.4
         "predictor=outer",
         "predictor.outer_momentum=0.6",

@@ -322,17 +322,17 @@ def test_the_verdicts_margin_against_the_loss_decides_whether_it_can_judge():
     assert not DivergenceCheck(verify_window=0, verify_resolution=0.2).blind(mean=1.0, spread=100.0)
 
 
-def noisy_target_run(resolution, noisy_from, steps=66):
-    """``target_run``'s steady target, with verification windows of 4 steps, and a constant added to each step's
-    loss from step ``noisy_from`` on: +1 and -1 in turn, so that every later window's mean is its losses' level
-    and their spread is 1, and no gradient changes."""
+def noisy_target_run(resolution, noisy_from, rule=None, steps=66):
+    """``target_run``'s steady target under ``rule`` (default ``outer``), with verification windows of 4 steps,
+    and a constant added to each step's loss from step ``noisy_from`` on: +1 and -1 in turn, so that every later
+    window's mean is its losses' level and their spread is 1, and no gradient changes."""
     model = Valley()
     config = HybridConfig(warmup_steps=5, full_steps=10)
     noise = lambda step: 0.0 if step < noisy_from else (-1.0) ** step  # noqa: E731
     batches = lambda step: lambda m: 0.5 * ((m.w - 0.1 * step) ** 2).sum() + noise(step)  # noqa: E731
     monitor = DivergenceCheck(verify_window=4, verify_resolution=resolution)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    engine, _ = engine_loop(model, optimizer, OuterMomentum(), steps, batches, config, monitor)
+    engine, _ = engine_loop(model, optimizer, rule or OuterMomentum(), steps, batches, config, monitor)
     return engine.record.counters, model.w.detach()
 
 
@@ -350,19 +350,8 @@ def test_no_jump_is_made_where_the_cycles_losses_are_too_noisy_for_its_verdict_t
     assert (loose.jumps_made, loose.jumps_blind) == (6, 0) and torch.equal(w_loose, w)
     counters, w_blind = noisy_target_run(0.2, noisy_from=0)  # never able to judge: plain training, bit for bit
     assert (counters.jumps_made, counters.jumps_blind) == (0, 6)
-    plain = OuterMomentum(outer_lr=1.0, outer_momentum=0.0)
-    model = Valley()
-    batches = lambda step: lambda m: 0.5 * ((m.w - 0.1 * step) ** 2).sum()  # noqa: E731
-    engine_loop(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.5),
-        plain,
-        66,
-        batches,
-        HybridConfig(warmup_steps=5, full_steps=10),
-        DivergenceCheck(verify_window=0),
-    )
-    assert torch.equal(w_blind, model.w.detach())
+    _, w_plain = noisy_target_run(0.0, noisy_from=0, rule=OuterMomentum(outer_lr=1.0, outer_momentum=0.0))
+    assert torch.equal(w_blind, w_plain)
 
 
 # ------------------------------------------------------------------------------------------------ Lightning runs
