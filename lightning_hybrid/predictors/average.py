@@ -34,15 +34,12 @@ class PrimalAverage(TrajectoryRule):
     def __init__(self, average_x: float = 0.9869, average_y: float = 0.7) -> None:
         self.average_x = check_float("PrimalAverage", "average_x", average_x, 0.0, 1.0 - 1e-12)
         self.average_y = check_float("PrimalAverage", "average_y", average_y, 0.0, 1.0 - 1e-12)
+        super().__init__()
         self._x: list[Tensor] = []
-        self._pending: dict[str, Any] | None = None  # a checkpoint's state, loaded before setup
-        self._released: dict[str, Any] | None = None  # the state on the host, after fit
 
     def setup(self, params: TensorList, keep_jump: bool) -> None:
-        self._x, self._released = [p.detach().clone() for p in params], None
-        if self._pending is not None:
-            state, self._pending = self._pending, None
-            self.load_state_dict(state)
+        self._x = [p.detach().clone() for p in params]
+        self._apply_pending()
 
     @property
     def average(self) -> list[Tensor]:
@@ -79,12 +76,12 @@ class PrimalAverage(TrajectoryRule):
             self._released, self._x = self.state_dict(), []
 
     def state_dict(self) -> dict[str, Any]:
-        if not self._x:  # a checkpoint's state waiting for setup, or the one fit ended with
-            return self._pending or self._released or {"x": []}
+        if not self._x:
+            return self._parked({"x": []})
         return {"x": host_copies(self._x)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not self._x:
-            self._pending, self._released = state, None
+            self._park(state)
             return
         load_into("PrimalAverage", "average", self._x, state["x"])

@@ -41,10 +41,32 @@ class TrajectoryRule(ABC):
     name: ClassVar[str]
     family: ClassVar[str]  # the prediction family that runs the rule (``lightning_hybrid.engine.families``)
 
+    def __init__(self) -> None:
+        self._pending: dict[str, Any] | None = None  # a checkpoint's state, loaded before setup: applied there
+        self._released: dict[str, Any] | None = None  # the state on the host, after fit
+
     @abstractmethod
     def setup(self, params: TensorList, keep_jump: bool) -> None:
-        """Allocate state shaped like ``params`` (this rank's trainable tensors, flat). ``keep_jump``: the engine
-        verifies jumps after the fact, so the last one must be kept to be undone."""
+        """Allocate state shaped like ``params`` (this rank's trainable tensors, flat); a rule whose state a
+        checkpoint may bring before setup ends with :meth:`_apply_pending`. ``keep_jump``: the engine verifies jumps
+        after the fact, so the last one must be kept to be undone."""
+
+    def _apply_pending(self) -> None:
+        """The end of :meth:`setup`: the state the last ``fit`` ended with is dropped, and a checkpoint's state
+        loaded before this ``fit`` is applied."""
+        self._released = None
+        if self._pending is not None:
+            state, self._pending = self._pending, None
+            self.load_state_dict(state)
+
+    def _parked(self, empty: dict[str, Any]) -> dict[str, Any]:
+        """The state while none is allocated: a checkpoint's waiting for setup, the one ``fit`` ended with, or
+        ``empty``."""
+        return self._pending or self._released or empty
+
+    def _park(self, state: dict[str, Any]) -> None:
+        """A checkpoint's state loaded before setup, which applies it."""
+        self._pending, self._released = state, None
 
     def confidence(self) -> float:
         """Rules make no one-step prediction to be confident about; reported as 1 in the scalars."""
@@ -130,12 +152,11 @@ class OuterMomentum(TrajectoryRule):
         self.state_on_host = check_bool("OuterMomentum", "state_on_host", state_on_host)
         if restart and outer_momentum == 0:
             raise ValueError("OuterMomentum: `restart=True` resets the outer momentum, so it needs outer_momentum > 0")
+        super().__init__()
         self._b: list[Tensor] = []  # on the device; with ``state_on_host``, in ``_held`` instead
         self._jump: list[Tensor] = []
         self._held: dict[str, HostHeld] = {}
         self._set_up = False
-        self._pending: dict[str, Any] | None = None  # a checkpoint's state, loaded before setup
-        self._released: dict[str, Any] | None = None  # the state on the host, after fit
 
     @property
     def moves(self) -> bool:
@@ -144,7 +165,6 @@ class OuterMomentum(TrajectoryRule):
 
     def setup(self, params: TensorList, keep_jump: bool) -> None:
         kept = {"b": self.outer_momentum > 0, "jump": keep_jump}
-        self._released = None
         if self.state_on_host:  # allocated on the host: the device never holds them outside a cycle's end
             self._held = {name: HostHeld(list(params)) for name, on in kept.items() if on}
             self._b, self._jump = [], []
@@ -152,9 +172,7 @@ class OuterMomentum(TrajectoryRule):
             self._b = [torch.zeros_like(p) for p in params] if kept["b"] else []
             self._jump = [torch.zeros_like(p) for p in params] if kept["jump"] else []
         self._set_up = True
-        if self._pending is not None:
-            state, self._pending = self._pending, None
-            self.load_state_dict(state)
+        self._apply_pending()
 
     def _momentum(self, write: bool = False) -> list[Tensor]:
         """``b`` on the device (empty when ``outer_momentum`` is 0)."""
@@ -253,14 +271,14 @@ class OuterMomentum(TrajectoryRule):
             self._b, self._jump, self._held, self._set_up = [], [], {}, False
 
     def state_dict(self) -> dict[str, Any]:
-        if not self._set_up:  # a checkpoint's state waiting for setup, or the one fit ended with
-            return self._pending or self._released or {"b": [], "jump": []}
+        if not self._set_up:
+            return self._parked({"b": [], "jump": []})
         return {"b": self._values("b"), "jump": self._values("jump")}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not self._set_up:
             if state["b"] or state["jump"]:
-                self._pending, self._released = state, None  # before setup: applied there
+                self._park(state)
             return
         for name, what in (("b", "outer momentum"), ("jump", "last jump")):
             held, tensors = self._held.get(name), getattr(self, f"_{name}")
