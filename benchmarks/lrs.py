@@ -5,14 +5,14 @@
                                                             # and (tuned/3, tuned) against EMA and schedule-free
     python -m benchmarks.lrs report                         # one table and one plot per task
 
-The tuned rate is the sweep's best final validation loss. At each rate, per seed, plain (the baseline: same
-module, schedule, seed and batches) and each configuration alternate in this process, one torch thread; each run
-is its own result file, written as soon as it ends, and a run whose file exists is not run again, so a grid goes on
-where it stopped, across sessions. The target is the baseline's final validation loss; a configuration may train
-1.5x the baseline's steps to reach it (stopping once it has). Reported: the time (CPU seconds, validation excluded)
-and the backward passes to the target, plain's over the configuration's (>1 is faster), and the validation loss
-at equal steps; and, as the reference, what the tuned rate itself buys: plain at the tuned rate's time to each
-rate's target.
+The tuned rate is the sweep's best final validation loss. At each rate, per seed, plain (the baseline: same module,
+schedule, seed and batches) and each configuration alternate in this process, one torch thread; each run is its own
+result file, written as soon as it ends, and a run whose file exists is not run again, so a grid goes on where it
+stopped, across sessions. The target is the baseline's final validation loss; a configuration may train 1.5x the
+baseline's steps to reach it (stopping once it has). Reported: the time (CPU seconds, validation excluded) and the
+backward passes to the target, plain's over the configuration's (>1 is faster), and the validation loss at equal
+steps, as medians over seeds (a seed that never reaches the target counts as the slowest); and, as the reference,
+what the tuned rate itself buys: plain at the tuned rate's time to each rate's target.
 """
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ def test_goals_are_judged_on_medians_and_say_what_is_missing(monkeypatch):
     }
     under, at, above = lrs_report.goals("char_gpt", found)[2:]
     assert "floor (>= 0.97x time, <= 1.005 loss) met" in under and "under-tuned goal >= 1.15x met" in under
-    assert "ahead of `ema` (1.00x) by 1.16x" in under and "`schedulefree` not reached in 1 of 3" in under
+    assert "ahead of `ema` (1.00x) by 1.16x" in under and "ahead of `schedulefree` (1.00x) by 1.16x" in under
     assert "floor (>= 0.97x time, <= 1.005 loss) NOT met" in at and "tuned goal >= 1.1x NOT met" in at
     assert "behind `ema` (1.20x) by 1.25x" in at
     assert "steps kept 2 (2-2)" in under and above == "- 3x tuned: not measured"
@@ -96,13 +96,26 @@ def test_the_floor_summary_names_every_cell_that_misses_it(monkeypatch):
         "b": {"outer": {0.9: _rows([1.0, None, None], [1.02] * 3)}, "search": {0.3: _rows([1.0] * 3, [1.0] * 3)}},
     }
     rows = {line.split(" |")[0]: line for line in lrs_report.floor_summary(found).splitlines() if line[:3] == "| `"}
-    assert rows["| `outer`"] == (
-        "| `outer` | 3 | 1 | a at tuned: 0.95x, 1.000 (control nudged 1.00x, 1.010); "
+    assert rows["| `outer`"] == (  # a's miss is shared with the control, which missed too; b ran no control
+        "| `outer` | 3 | 1 | 1 | a at tuned: 0.95x, 1.000 (control nudged 1.00x, 1.010); "
         "b at 3x tuned: not reached, 1.020 |"
     )
-    assert rows["| `search`"] == "| `search` | 1 | 1 | none |"
-    assert rows["| `nudged` (control: plain at 1.001x the rate)"].endswith("| 1 | 0 | a at tuned: 1.00x, 1.010 |")
+    assert rows["| `search`"] == "| `search` | 1 | 1 | 0 | none |"
+    assert rows["| `nudged` (control: plain at 1.001x the rate)"].endswith("| 1 | 0 | 1 | a at tuned: 1.00x, 1.010 |")
     assert set(rows) == {"| `outer`", "| `search`", "| `nudged` (control: plain at 1.001x the rate)"}
+
+
+def test_a_seed_that_never_reaches_the_target_counts_as_the_slowest():
+    assert lrs_report._median_of([1.2, None, 0.9]) == 0.9  # the middle of (never, 0.9, 1.2)
+    assert lrs_report._median_of([1.0, 1.2, None, 1.1, None]) == 1.0
+    assert lrs_report._median_of([1.0, 1.2, 1.4, None]) == 1.1  # the two middles both reached it
+    assert lrs_report._median_of([1.0, None]) is None and lrs_report._median_of([None, 1.0, None]) is None
+    assert lrs_report._median_of([]) is None
+    assert lrs_report._cell([1.2, None, 0.9]) == "0.90x (0.90-1.20; not reached in 1 of 3)"
+    assert lrs_report._cell([1.0, None, None]) == "not reached in 2 of 3"
+    assert lrs_report._cell([0.998, 1.004], ".3f", "") == "1.001 (0.998-1.004)"
+    assert not lrs_report._floor(_rows([1.5, None, 0.96], [1.0] * 3))[3]  # the middle seed is under 0.97x
+    assert lrs_report._floor(_rows([1.5, None, 0.98], [1.0] * 3))[3]
 
 
 def test_the_idle_cost_counts_only_runs_that_kept_nothing():
