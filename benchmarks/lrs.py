@@ -33,6 +33,7 @@ from benchmarks.peers import PEERS
 from benchmarks.report import write_atomic
 from benchmarks.run import RESULTS, Record, baseline_target, fit, machine, warm_up
 from benchmarks.tasks import compose_run, hybrid_steps, length_of
+from lightning_hybrid.demos.finetune import fingerprint, pretrained_weights
 
 OUT = RESULTS / "lrs"
 SWEEP = (1 / 9, 1 / 3, 1.0, 3.0, 9.0)  # times the task's own rate
@@ -95,6 +96,16 @@ def _path(task: str, lr: float, seed: int, config: str) -> Path:
     return OUT / task / f"lr{lr:.3g}_seed{seed}_{config}.json"
 
 
+def _pretrained(cfg: Any) -> dict[str, str]:
+    """A fine-tuning run's pretrained weights, by fingerprint (none for other tasks): they are built on the machine
+    that runs, where they may round otherwise, and a run compares only with a baseline that started from the same."""
+    model = cfg.model
+    if "pretrain_steps" not in model:
+        return {}
+    args = (model.n_layer, model.n_head, model.n_embd, model.block_size, model.pretrain_steps)
+    return {"pretrained": fingerprint(pretrained_weights(*args))}
+
+
 def _own_lr(task: str) -> float:
     return float(compose_run(LR_TASKS[task].task, "default", 0, [], tempfile.gettempdir()).model.lr)
 
@@ -122,6 +133,7 @@ def _run(task: str, lr: float, seed: int, config: str, workdir: str, baseline: R
         "steps": spec.steps,
         "machine": machine(),
         "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        **_pretrained(cfg),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(meta | record.to_dict(), indent=1))

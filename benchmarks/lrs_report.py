@@ -55,11 +55,12 @@ def seed_rows(task: str, lr: float, config: str, best: float) -> list[dict[str, 
 
 
 def _other_host(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Whether two runs ran on different machines (their platform strings differ): the grid alternates plain and
-    each configuration in one process, but a configuration added in a later session meets a baseline run on
-    another machine, whose kernels may round differently; at a high rate that alone parts two runs of plain."""
+    """Whether two runs ran on different machines (their platform strings differ) or, fine-tuning, from different
+    pretrained weights (fingerprints differ, or one run has none): the grid alternates plain and each configuration
+    in one process, but a configuration added in a later session meets a baseline run on another machine, whose
+    kernels may round differently (at a high rate that alone parts two runs of plain), and whose pretraining did."""
     platform = [(run.get("machine") or {}).get("platform") for run in (a, b)]
-    return platform[0] != platform[1]
+    return platform[0] != platform[1] or a.get("pretrained") != b.get("pretrained")
 
 
 def _hours_apart(a: dict[str, Any], b: dict[str, Any]) -> float | None:

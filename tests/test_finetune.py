@@ -10,7 +10,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader
 
 from lightning_hybrid import DivergenceMonitor, DynamicsPredictor, HybridScheduler, ResidualCorrector
-from lightning_hybrid.demos.finetune import FineTuneGPT, PydocText, pretrained_weights
+from lightning_hybrid.demos.finetune import FineTuneGPT, PydocText, fingerprint, pretrained_weights
 from tests.helpers import FAST_PHASES, SometimesExploding, hybrid_trainer, scheduler_of
 
 pytest.importorskip("peft")
@@ -34,6 +34,19 @@ def test_pretrained_weights_are_built_once_and_the_same_each_time():
     assert first.keys() == again.keys() and all(torch.equal(first[k], again[k]) for k in first)
     model = FineTuneGPT(mode="full", **TINY)
     assert all(torch.equal(model.state_dict()[k], v) for k, v in first.items())
+
+
+def test_pretrained_weights_do_not_depend_on_the_callers_threads(tmp_path, monkeypatch):
+    built = []
+    for threads in (2, 1):  # at this width a product sums in another order on two threads
+        monkeypatch.setenv("LIGHTNING_HYBRID_CACHE", str(tmp_path / f"cache{threads}"))
+        torch.set_num_threads(threads)
+        built.append(pretrained_weights(2, 4, 128, 64, 1))
+        assert torch.get_num_threads() == threads  # the caller's setting, back
+    assert fingerprint(built[0]) == fingerprint(built[1])
+    assert all(torch.equal(built[0][k], built[1][k]) for k in built[0])
+    built[1]["head.weight"][0, 0] += 1e-6
+    assert fingerprint(built[0]) != fingerprint(built[1])
 
 
 def test_lora_trains_only_the_adapters():

@@ -136,6 +136,9 @@ def test_a_miss_against_a_baseline_from_another_machine_says_so(monkeypatch):
     here = {"machine": {"platform": "Linux-x"}}
     assert not lrs_report._other_host(here, dict(here)) and lrs_report._other_host(here, {"machine": {"platform": "y"}})
     assert lrs_report._other_host(here, {})  # a run from before machines were stamped
+    tuned = {**here, "pretrained": "a1"}  # fine-tuning: the pretrained weights it started from
+    assert not lrs_report._other_host(tuned, dict(tuned))
+    assert lrs_report._other_host(tuned, {**here, "pretrained": "b2"}) and lrs_report._other_host(tuned, here)
 
 
 def test_runs_far_apart_are_told_apart_from_unstamped_ones():

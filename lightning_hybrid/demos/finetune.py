@@ -9,6 +9,7 @@ torch loop), and cached outside the checkout (``$LIGHTNING_HYBRID_CACHE``, by de
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from pathlib import Path
@@ -30,11 +31,36 @@ def cache_dir() -> Path:
 
 def pretrained_weights(n_layer: int, n_head: int, n_embd: int, block_size: int, steps: int) -> dict:
     """The char GPT of this size after ``steps`` of AdamW (3e-3, cosine to 10%) on random windows of the standard
-    library's source, seed 1234; trained on first use and cached (about 2 minutes at 0.44M parameters, 8 at 3.3M, on
-    one CPU thread)."""
-    path = cache_dir() / f"char_gpt_{n_layer}x{n_embd}_h{n_head}_b{block_size}_{steps}steps.pt"
+    library's source, seed 1234; trained on first use and cached (about 2 minutes at 0.44M parameters, 8 at 3.3M).
+
+    Built on one thread whatever the caller's setting: a matrix product sums in another order on two threads, so
+    the weights (and every fine-tuning run from them) would depend on which process built the cache first. Other
+    CPUs can still round differently: :func:`fingerprint` tells the weights apart."""
+    path = cache_dir() / f"char_gpt_{n_layer}x{n_embd}_h{n_head}_b{block_size}_{steps}steps_1thread.pt"
     if path.exists():
         return torch.load(path, map_location="cpu", weights_only=True)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        weights = _pretrain(n_layer, n_head, n_embd, block_size, steps)
+    finally:
+        torch.set_num_threads(threads)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(f".{os.getpid()}.tmp")
+    torch.save(weights, partial)
+    partial.replace(path)  # whole or absent, also with two processes building it at once
+    return weights
+
+
+def fingerprint(weights: dict) -> str:
+    """A short hash of the weights' values: fine-tuning runs compare only where they started from the same ones."""
+    digest = hashlib.sha256()
+    for name in sorted(weights):
+        digest.update(weights[name].contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def _pretrain(n_layer: int, n_head: int, n_embd: int, block_size: int, steps: int) -> dict:
     generator = torch.Generator().manual_seed(1234)
     torch.manual_seed(1234)
     model = CharGPT(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size)
@@ -50,12 +76,7 @@ def pretrained_weights(n_layer: int, n_head: int, n_embd: int, block_size: int, 
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-    weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(f".{os.getpid()}.tmp")
-    torch.save(weights, partial)
-    partial.replace(path)  # whole or absent, also with two processes building it at once
-    return weights
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 class PydocText(SplitData):
