@@ -141,9 +141,9 @@ def task_table(task: str) -> tuple[str, dict[str, dict[float, list[dict]]]]:
     if any(h for *_, h in hosts):
         lines += [
             "",
-            "Compared with a baseline that ran on another machine (seeds), whose rounding may differ: at a high"
-            " rate that alone parts two runs of plain, as `rerun` shows where it ran: "
-            + ", ".join(f"`{c}` at {lr:.3g} ({h})" for c, lr, h in hosts if h),
+            "Compared with a baseline that ran on another machine or, fine-tuning, from other pretrained weights"
+            " (seeds), whose rounding may differ: at a high rate that alone parts two runs of plain, as `rerun`"
+            " shows where it ran: " + ", ".join(f"`{c}` at {lr:.3g} ({h})" for c, lr, h in hosts if h),
         ]
     for config in HYBRID:  # the candidates for the default
         if config in found:
