@@ -53,8 +53,15 @@ class Record:
     jumps_blind: int = 0  # cycle ends whose losses were too noisy for the verdict to judge a jump
 
     def to_dict(self) -> dict[str, Any]:
-        keys = ("device", "steps", "backward_skipped_pct", "rollbacks", "segments_started", "peak_cuda_allocated_bytes")
-        keys += ("jumps_blind",)
+        keys = (
+            "device",
+            "steps",
+            "backward_skipped_pct",
+            "rollbacks",
+            "segments_started",
+            "peak_cuda_allocated_bytes",
+            "jumps_blind",
+        )
         return {k: getattr(self, k) for k in keys} | self.curve.to_dict()
 
 

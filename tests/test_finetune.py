@@ -37,12 +37,15 @@ def test_pretrained_weights_are_built_once_and_the_same_each_time():
 
 
 def test_pretrained_weights_do_not_depend_on_the_callers_threads(tmp_path, monkeypatch):
-    built = []
-    for threads in (2, 1):  # at this width a product sums in another order on two threads
-        monkeypatch.setenv("LIGHTNING_HYBRID_CACHE", str(tmp_path / f"cache{threads}"))
-        torch.set_num_threads(threads)
-        built.append(pretrained_weights(2, 4, 128, 64, 1))
-        assert torch.get_num_threads() == threads  # the caller's setting, back
+    built, before = [], torch.get_num_threads()
+    try:
+        for threads in (2, 1):  # at this width a product sums in another order on two threads
+            monkeypatch.setenv("LIGHTNING_HYBRID_CACHE", str(tmp_path / f"cache{threads}"))
+            torch.set_num_threads(threads)
+            built.append(pretrained_weights(2, 4, 128, 64, 1))
+            assert torch.get_num_threads() == threads  # the caller's setting, back
+    finally:
+        torch.set_num_threads(before)  # the rest of the suite runs as it would have
     assert fingerprint(built[0]) == fingerprint(built[1])
     assert all(torch.equal(built[0][k], built[1][k]) for k in built[0])
     built[1]["head.weight"][0, 0] += 1e-6
