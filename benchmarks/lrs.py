@@ -4,6 +4,10 @@
     python -m benchmarks.lrs grid --task char_gpt           # at tuned/3, tuned and 3x tuned: plain against search,
                                                             # and (tuned/3, tuned) against EMA and schedule-free
     python -m benchmarks.lrs report                         # one table and one plot per task
+    python -m benchmarks.lrs grid --task finetune_lora_mid --config nudged --rate 3x --seeds 3 4
+                                                            # a closer look at one cell: more seeds (the report
+                                                            # reads the grid's own seeds, so every row compares
+                                                            # the same ones)
 
 The tuned rate is the sweep's best final validation loss. At each rate, per seed, plain (the baseline: same module,
 schedule, seed and batches) and each configuration alternate in this process, one torch thread; each run is its own
@@ -37,6 +41,7 @@ from lightning_hybrid.demos.finetune import fingerprint, pretrained_weights
 
 OUT = RESULTS / "lrs"
 SWEEP = (1 / 9, 1 / 3, 1.0, 3.0, 9.0)  # times the task's own rate
+RATES = {"tuned/3": 1 / 3, "tuned": 1.0, "3x": 3.0}  # the grid's rates, times the tuned one
 # jumps that change direction, not each tensor's scale, with no jump (and the momentum reset) where a cycle points
 # against the momentum: the candidate
 OUTER_NORM_RESTART = ["predictor=outer", "predictor.keep_norms=true", "predictor.restart=true"]
@@ -48,8 +53,9 @@ HYBRID = {  # configuration -> overrides
     "outer_norm": ["predictor=outer", "predictor.keep_norms=true"],  # jumps change direction, not each tensor's scale
     "outer_norm_aligned": ["predictor=outer", "predictor.keep_norms=true", "predictor.alignment_window=5"],  # both
     "outer_norm_restart": OUTER_NORM_RESTART,
-    # the same, making no jump where a cycle's losses spread too widely for the delayed verdict to see a 20% rise
-    "outer_norm_restart_res": [*OUTER_NORM_RESTART, "hybrid.verify_resolution=0.2"],
+    # the same, making no jump where a cycle's losses spread too widely for the delayed verdict to see a 20% rise:
+    # the app's preset (`predictor.keep_norms=true predictor.restart=true hybrid.verify_resolution=0.2`)
+    "outer_norm_restart_res": ["predictor=outer_guarded"],
     "outer_norm_restart_mu6": [  # a longer outer step: 0.7 / (1 - 0.6) = 1.75 cycles' worth, against 1.4
         "predictor=outer",
         "predictor.outer_momentum=0.6",
@@ -162,22 +168,26 @@ def tuned(task: str) -> float:
     return min(finals, key=finals.get)
 
 
-def grid_plan(task: str, configs: list[str]) -> list[tuple[float, int, list[str]]]:
+def grid_plan(
+    task: str, configs: list[str], seeds: list[int] | None = None, rates: list[str] | None = None
+) -> list[tuple[float, int, list[str]]]:
     """``(lr, seed, configurations)`` to run: the hybrid configurations and the controls at three rates over the
-    task's seeds, the peers at the under-tuned and the tuned rate over 3 seeds."""
-    best, seeds = tuned(task), LR_TASKS[task].seeds
+    task's seeds, the peers at the under-tuned and the tuned rate over 3 seeds. ``seeds`` and ``rates`` (names of
+    :data:`RATES`) narrow or extend that, to look closer at one cell."""
+    best = tuned(task)
     plan = []
-    for lr in (best / 3, best, best * 3):
-        for seed in range(seeds):
-            here = [c for c in configs if c not in PEERS or (lr != best * 3 and seed < 3)]
+    for name in rates or list(RATES):
+        lr = best * RATES[name]
+        for seed in range(LR_TASKS[task].seeds) if seeds is None else seeds:
+            here = [c for c in configs if c not in PEERS or (name != "3x" and seed < 3)]
             plan.append((lr, seed, here))
     return plan
 
 
-def grid(task: str, configs: list[str]) -> None:
+def grid(task: str, configs: list[str], seeds: list[int] | None = None, rates: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as workdir:
         warm_up(LR_TASKS[task].task, length_of(LR_TASKS[task].task, "default"), [], workdir)
-        for lr, seed, here in grid_plan(task, configs):
+        for lr, seed, here in grid_plan(task, configs, seeds, rates):
             baseline = _run(task, lr, seed, "plain", workdir, None)
             for config in here:
                 _run(task, lr, seed, config, workdir, baseline)
@@ -188,6 +198,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("action", choices=("sweep", "grid", "report"))
     parser.add_argument("--task", action="append", choices=list(LR_TASKS), help="default: every task")
     parser.add_argument("--config", action="append", choices=CONFIGS, help="default: search and the peers")
+    parser.add_argument("--rate", action="append", choices=list(RATES), help="grid: default every rate")
+    parser.add_argument("--seeds", type=int, nargs="+", help="grid: default the task's seeds (the report's)")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -201,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.action == "sweep":
             print(f"{task}: tuned lr {sweep(task):.3g}")
         else:
-            grid(task, args.config or ["search", *PEERS])
+            grid(task, args.config or ["search", *PEERS], args.seeds, args.rate)
 
 
 if __name__ == "__main__":

@@ -13,8 +13,8 @@ from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from lightning_hybrid import HybridScheduler, hybrid_callbacks
-from lightning_hybrid.predictors import PREDICTORS
+from lightning_hybrid import DivergenceMonitor, DynamicsPredictor, HybridScheduler, hybrid_callbacks
+from lightning_hybrid.predictors import PREDICTORS, OuterMomentum
 from lightning_hybrid.runner import _build, run
 from lightning_hybrid.schema import PREDICTOR_SETTINGS, HybridSettings, setting_names
 from lightning_hybrid.train import CONFIG_MODULE
@@ -86,9 +86,9 @@ def test_compare_runs_plain_and_hybrid_with_the_same_seed(tmp_path, capsys):
 
 
 def test_the_quick_start_job_jumps_and_compare_reports_the_jumps(tmp_path, capsys):
-    """The Quick start's main job (mode=compare predictor=outer) shows prediction happening next to plain."""
+    """The Quick start's main job (mode=compare predictor=outer_guarded) shows prediction happening next to plain."""
     base = [o for o in TRAINER if not o.startswith("predictor")] + ["hybrid.full_steps=3", "hybrid.verify_window=2"]
-    base += ["predictor=outer"]
+    base += ["predictor=outer_guarded", "predictor.restart=false"]  # 3 jumps: none left out by a turning cycle
     run(app_config(tmp_path, "mode=compare", base=base + SMALL_GPT))
     result = json.loads((tmp_path / "compare.json").read_text())
     jumps = (STEPS - 3) // 3 - 1  # not at the last step: no step would be left to verify it
@@ -96,6 +96,21 @@ def test_the_quick_start_job_jumps_and_compare_reports_the_jumps(tmp_path, capsy
     assert result["hybrid"]["backward_passes"] == result["plain"]["backward_passes"] == STEPS
     assert result["hybrid"]["val_loss"] != result["plain"]["val_loss"]
     assert re.search(rf"predict segments or jumps\s+-\s+{jumps}", capsys.readouterr().out)
+
+
+def test_the_guarded_preset_is_outer_with_the_harness_guards_and_yields_to_overrides(tmp_path):
+    guarded = app_config(tmp_path, "predictor=outer_guarded", base=[])
+    guards = ["predictor.keep_norms=true", "predictor.restart=true", "hybrid.verify_resolution=0.2"]
+    assert guarded == app_config(tmp_path, "predictor=outer", *guards, base=[])
+    callbacks = _build(guarded.hybrid, predictor=_build(guarded.predictor))
+    rule = next(cb for cb in callbacks if isinstance(cb, DynamicsPredictor)).predictor
+    assert isinstance(rule, OuterMomentum) and rule.keep_norms and rule.restart and rule.outer_lr == 0.7
+    monitor = next(cb for cb in callbacks if isinstance(cb, DivergenceMonitor))
+    assert monitor.divergence.verify_resolution == 0.2
+    mine = app_config(
+        tmp_path, "predictor=outer_guarded", "predictor.restart=false", "hybrid.verify_resolution=0", base=[]
+    )
+    assert not mine.predictor.restart and mine.hybrid.verify_resolution == 0 and mine.predictor.keep_norms
 
 
 def test_compare_without_prediction_gives_identical_runs(tmp_path):

@@ -58,6 +58,22 @@ def test_sweep_grid_and_report_on_a_tiny_task(tiny):
     assert (tiny / "tiny.md").exists() and (tiny / "tiny.png").stat().st_size > 0
 
 
+def test_the_grid_can_look_closer_at_one_cell(tiny, monkeypatch):
+    monkeypatch.setattr(lrs, "tuned", lambda task: 0.3)
+    plan = lrs.grid_plan("tiny", ["outer", "ema", "nudged"], seeds=[3, 4], rates=["3x"])
+    assert plan == [(pytest.approx(0.9), 3, ["outer", "nudged"]), (pytest.approx(0.9), 4, ["outer", "nudged"])]
+    plan = lrs.grid_plan("tiny", ["ema"], seeds=[1, 5], rates=["tuned/3", "tuned"])  # peers only on seeds 0-2
+    assert [(round(lr, 3), seed, here) for lr, seed, here in plan] == [
+        (0.1, 1, ["ema"]),
+        (0.1, 5, []),
+        (0.3, 1, ["ema"]),
+        (0.3, 5, []),
+    ]
+    assert [seed for _, seed, _ in lrs.grid_plan("tiny", ["outer"])] == [0, 0, 0]  # by default the task's seeds
+    with pytest.raises(SystemExit):
+        lrs.main(["grid", "--task", "tiny", "--rate", "2x"])
+
+
 def _rows(times: list[float | None], losses: list[float]) -> list[dict]:
     return [{"cpu_s": t, "backward": t, "loss": v, "cost": 1.0, "kept": 2} for t, v in zip(times, losses)]
 
