@@ -13,7 +13,7 @@ from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from lightning_hybrid import DivergenceMonitor, DynamicsPredictor, HybridScheduler, hybrid_callbacks
+from lightning_hybrid import OUTER_GUARDED, DivergenceMonitor, DynamicsPredictor, HybridScheduler, hybrid_callbacks
 from lightning_hybrid.predictors import PREDICTORS, OuterMomentum
 from lightning_hybrid.runner import _build, run
 from lightning_hybrid.schema import PREDICTOR_SETTINGS, HybridSettings, setting_names
@@ -99,18 +99,29 @@ def test_the_quick_start_job_jumps_and_compare_reports_the_jumps(tmp_path, capsy
 
 
 def test_the_guarded_preset_is_outer_with_the_harness_guards_and_yields_to_overrides(tmp_path):
+    """`predictor=outer_guarded` in the app and `hybrid_callbacks(**OUTER_GUARDED)` in Python build the same rule
+    and monitor: `outer` with `keep_norms`, `restart` and `verify_resolution=0.2`, the rest at its defaults."""
     guarded = app_config(tmp_path, "predictor=outer_guarded", base=[])
     guards = ["predictor.keep_norms=true", "predictor.restart=true", "hybrid.verify_resolution=0.2"]
     assert guarded == app_config(tmp_path, "predictor=outer", *guards, base=[])
-    callbacks = _build(guarded.hybrid, predictor=_build(guarded.predictor))
-    rule = next(cb for cb in callbacks if isinstance(cb, DynamicsPredictor)).predictor
-    assert isinstance(rule, OuterMomentum) and rule.keep_norms and rule.restart and rule.outer_lr == 0.7
-    monitor = next(cb for cb in callbacks if isinstance(cb, DivergenceMonitor))
-    assert monitor.divergence.verify_resolution == 0.2
+    built = {
+        "app": _build(guarded.hybrid, predictor=_build(guarded.predictor)),
+        "python": hybrid_callbacks(**OUTER_GUARDED),
+    }
+    for callbacks in built.values():
+        rule = next(cb for cb in callbacks if isinstance(cb, DynamicsPredictor)).predictor
+        assert isinstance(rule, OuterMomentum) and rule.keep_norms and rule.restart and not rule.state_on_host
+        assert (rule.outer_lr, rule.outer_momentum, rule.alignment_window) == (0.7, 0.5, 0)
+        monitor = next(cb for cb in callbacks if isinstance(cb, DivergenceMonitor))
+        assert monitor.divergence.verify_resolution == 0.2
+    schedulers = [next(cb for cb in cbs if isinstance(cb, HybridScheduler)).config for cbs in built.values()]
+    assert schedulers[0] == schedulers[1] == hybrid_callbacks(predictor="outer")[0].config
     mine = app_config(
         tmp_path, "predictor=outer_guarded", "predictor.restart=false", "hybrid.verify_resolution=0", base=[]
     )
     assert not mine.predictor.restart and mine.hybrid.verify_resolution == 0 and mine.predictor.keep_norms
+    with pytest.raises(TypeError):
+        OUTER_GUARDED["restart"] = False  # read-only: the measured settings stay the measured settings
 
 
 def test_compare_without_prediction_gives_identical_runs(tmp_path):

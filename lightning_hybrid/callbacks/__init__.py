@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from lightning.pytorch.callbacks import Callback
@@ -33,6 +34,11 @@ SETTING_OWNERS: dict[str, Callable[..., Any]] = {
     "host": DynamicsPredictor,
 }
 NOT_SETTINGS = ("self", "args", "kwargs", "predictor", "predictor_kwargs")  # wiring, not settings
+# `outer` with the guards the learning-rate harness measured it with (its configuration `outer_norm_restart_res`;
+# docs/performance.md): opt-in, `hybrid_callbacks(**OUTER_GUARDED)`, the app's `predictor=outer_guarded`.
+OUTER_GUARDED: Mapping[str, Any] = MappingProxyType(
+    {"predictor": "outer", "keep_norms": True, "restart": True, "verify_resolution": 0.2}
+)
 
 
 def settings_of(init: Callable[..., Any]) -> set[str]:
@@ -87,6 +93,7 @@ def hybrid_callbacks(
 
 
 __all__ = [
+    "OUTER_GUARDED",
     "SETTING_OWNERS",
     "DivergenceMonitor",
     "DynamicsPredictor",
