@@ -41,7 +41,7 @@ from lightning_hybrid.demos.finetune import fingerprint, pretrained_weights
 
 OUT = RESULTS / "lrs"
 SWEEP = (1 / 9, 1 / 3, 1.0, 3.0, 9.0)  # times the task's own rate
-RATES = {"tuned/3": 1 / 3, "tuned": 1.0, "3x": 3.0}  # the grid's rates, times the tuned one
+RATES = ("tuned/3", "tuned", "3x")  # the grid's rates, by the names the command line takes
 # jumps that change direction, not each tensor's scale, with no jump (and the momentum reset) where a cycle points
 # against the momentum: the candidate
 OUTER_NORM_RESTART = ["predictor=outer", "predictor.keep_norms=true", "predictor.restart=true"]
@@ -168,16 +168,22 @@ def tuned(task: str) -> float:
     return min(finals, key=finals.get)
 
 
+def grid_rates(best: float) -> dict[str, float]:
+    """The grid's rates by name, computed as every stored run's were (``best / 3`` and ``best * (1 / 3)`` differ in
+    the last bit at some rates, and a baseline is plain's curve bit for bit only at the same rate)."""
+    return dict(zip(RATES, (best / 3, best, best * 3), strict=True))
+
+
 def grid_plan(
     task: str, configs: list[str], seeds: list[int] | None = None, rates: list[str] | None = None
 ) -> list[tuple[float, int, list[str]]]:
     """``(lr, seed, configurations)`` to run: the hybrid configurations and the controls at three rates over the
-    task's seeds, the peers at the under-tuned and the tuned rate over 3 seeds. ``seeds`` and ``rates`` (names of
+    task's seeds, the peers at the under-tuned and the tuned rate over 3 seeds. ``seeds`` and ``rates`` (of
     :data:`RATES`) narrow or extend that, to look closer at one cell."""
     best = tuned(task)
     plan = []
-    for name in rates or list(RATES):
-        lr = best * RATES[name]
+    for name in rates or RATES:
+        lr = grid_rates(best)[name]
         for seed in range(LR_TASKS[task].seeds) if seeds is None else seeds:
             here = [c for c in configs if c not in PEERS or (name != "3x" and seed < 3)]
             plan.append((lr, seed, here))
@@ -198,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("action", choices=("sweep", "grid", "report"))
     parser.add_argument("--task", action="append", choices=list(LR_TASKS), help="default: every task")
     parser.add_argument("--config", action="append", choices=CONFIGS, help="default: search and the peers")
-    parser.add_argument("--rate", action="append", choices=list(RATES), help="grid: default every rate")
+    parser.add_argument("--rate", action="append", choices=RATES, help="grid: default every rate")
     parser.add_argument("--seeds", type=int, nargs="+", help="grid: default the task's seeds (the report's)")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)

@@ -15,7 +15,19 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.curves import time_to_target, value_at
-from benchmarks.lrs import CONFIGS, CONTROLS, HYBRID, LR_TASKS, OUT, SWEEP, _own_lr, _path, _record, tuned
+from benchmarks.lrs import (
+    CONFIGS,
+    CONTROLS,
+    HYBRID,
+    LR_TASKS,
+    OUT,
+    SWEEP,
+    _own_lr,
+    _path,
+    _record,
+    grid_rates,
+    tuned,
+)
 from benchmarks.report import write_atomic
 
 AXES = {"cpu_s": "CPU time", "backward": "backward passes"}
@@ -119,7 +131,7 @@ def task_table(task: str) -> tuple[str, dict[str, dict[float, list[dict]]]]:
         "|---|---|---|---|---|---|---|",
     ]
     found: dict[str, dict[float, list[dict]]] = {}
-    for lr in (best / 3, best, best * 3):
+    for lr in grid_rates(best).values():
         for config in ("tuned", *CONFIGS):
             rows = seed_rows(task, lr, config, best)
             if not rows or (config == "tuned" and lr == best):

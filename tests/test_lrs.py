@@ -70,6 +70,8 @@ def test_the_grid_can_look_closer_at_one_cell(tiny, monkeypatch):
         (0.3, 5, []),
     ]
     assert [seed for _, seed, _ in lrs.grid_plan("tiny", ["outer"])] == [0, 0, 0]  # by default the task's seeds
+    monkeypatch.setattr(lrs, "tuned", lambda task: 20.0)  # the word LSTM's: 20 * (1 / 3) != 20 / 3 in the last bit
+    assert [lr for lr, _, _ in lrs.grid_plan("tiny", ["outer"])] == [20.0 / 3, 20.0, 60.0]
     with pytest.raises(SystemExit):
         lrs.main(["grid", "--task", "tiny", "--rate", "2x"])
 
