@@ -180,10 +180,9 @@ def grid_plan(
     """``(lr, seed, configurations)`` to run: the hybrid configurations and the controls at three rates over the
     task's seeds, the peers at the under-tuned and the tuned rate over 3 seeds. ``seeds`` and ``rates`` (of
     :data:`RATES`) narrow or extend that, to look closer at one cell."""
-    best = tuned(task)
-    plan = []
+    by_name, plan = grid_rates(tuned(task)), []
     for name in rates or RATES:
-        lr = grid_rates(best)[name]
+        lr = by_name[name]
         for seed in range(LR_TASKS[task].seeds) if seeds is None else seeds:
             here = [c for c in configs if c not in PEERS or (name != "3x" and seed < 3)]
             plan.append((lr, seed, here))

@@ -31,7 +31,7 @@ from benchmarks.lrs import (
 from benchmarks.report import write_atomic
 
 AXES = {"cpu_s": "CPU time", "backward": "backward passes"}
-RATES = ((1 / 3, "tuned/3"), (1.0, "tuned"), (3.0, "3x tuned"))  # the grid's rates, times the tuned one
+LABELS = {"tuned/3": "tuned/3", "tuned": "tuned", "3x": "3x tuned"}  # the report's words for the grid's rates
 APART_HOURS = 3  # a configuration's run and its plain baseline ended further apart than this: flagged
 
 
@@ -195,12 +195,12 @@ def _said(rows: list[dict]) -> str:
     return f"{time_said}, {'-' if loss is None else f'{loss:.3f}'}"
 
 
-def _at(lr: float, best: float, factor: float) -> bool:
-    return abs(lr / (best * factor) - 1) < 1e-6
+def _near(lr: float, rate: float) -> bool:
+    return abs(lr / rate - 1) < 1e-6
 
 
 def _rate(lr: float, best: float) -> str:
-    return next((name for factor, name in RATES if _at(lr, best, factor)), f"lr {lr:.3g}")
+    return next((LABELS[name] for name, rate in grid_rates(best).items() if _near(lr, rate)), f"lr {lr:.3g}")
 
 
 def floor_summary(found_by_task: dict[str, dict[str, dict[float, list[dict]]]]) -> str:
@@ -243,17 +243,17 @@ def goals(task: str, found: dict[str, dict[float, list[dict]]], config: str = "s
     """Each goal of the candidate default at each rate, met or not, from the medians over seeds. Time is CPU time,
     or backward passes where a run ended far from its baseline (their CPU times met different loads)."""
     best, lines = tuned(task), []
-    for factor, name in RATES:
-        lr = next((x for x in found.get(config, {}) if _at(x, best, factor)), None)
+    for name, rate in grid_rates(best).items():
+        lr = next((x for x in found.get(config, {}) if _near(x, rate)), None)
         rows = found[config][lr] if lr is not None else []
         if not rows:
-            lines.append(f"- {name}: not measured")
+            lines.append(f"- {LABELS[name]}: not measured")
             continue
         clock, time, _, floor = _floor(rows)
         said = [f"floor (>= {FLOOR_TIME}x time, <= {FLOOR_LOSS} loss) {'met' if floor else 'NOT met'}"]
-        if factor < 1:
+        if name == "tuned/3":
             said.append(f"under-tuned goal >= {UNDER_TUNED}x {'met' if (time or 0) >= UNDER_TUNED else 'NOT met'}")
-        if factor == 1 and task in TUNED_TASKS:
+        if name == "tuned" and task in TUNED_TASKS:
             said.append(f"tuned goal >= {TUNED}x {'met' if (time or 0) >= TUNED else 'NOT met'}")
         for peer in ("ema", "schedulefree"):
             theirs = found.get(peer, {}).get(lr, [])
@@ -267,7 +267,7 @@ def goals(task: str, found: dict[str, dict[float, list[dict]]], config: str = "s
                 said.append(f"{side} `{peer}` ({other:.2f}x) by {max(time, other) / min(time, other):.2f}x")
         judged = "" if clock == "cpu_s" else "; judged on backward passes: CPU times from another session"
         lines.append(
-            f"- {name} ({len(rows)} seeds{judged}, time {_cell([r['cpu_s'] for r in rows])}, backward passes "
+            f"- {LABELS[name]} ({len(rows)} seeds{judged}, time {_cell([r['cpu_s'] for r in rows])}, backward passes "
             f"{_cell([r['backward'] for r in rows])}, loss "
             f"{_cell([r['loss'] for r in rows], '.3f', '')}, "
             f"steps kept {_cell([r['kept'] for r in rows], '.0f', '')}): " + "; ".join(said)
