@@ -42,26 +42,23 @@ from lightning_hybrid.demos.finetune import fingerprint, pretrained_weights
 OUT = RESULTS / "lrs"
 SWEEP = (1 / 9, 1 / 3, 1.0, 3.0, 9.0)  # times the task's own rate
 RATES = ("tuned/3", "tuned", "3x")  # the grid's rates, by the names the command line takes
+# `outer` as SNOO publishes it, without the guards its defaults now carry: each configuration below adds its own
+UNGUARDED = ["predictor=outer", "predictor.keep_norms=false", "predictor.restart=false", "hybrid.verify_resolution=0"]
 # jumps that change direction, not each tensor's scale, with no jump (and the momentum reset) where a cycle points
-# against the momentum: the candidate
-OUTER_NORM_RESTART = ["predictor=outer", "predictor.keep_norms=true", "predictor.restart=true"]
+# against the momentum
+OUTER_NORM_RESTART = [*UNGUARDED, "predictor.keep_norms=true", "predictor.restart=true"]
 HYBRID = {  # configuration -> overrides
     "search": ["predictor=search"],
     "search_span": ["predictor=search", "predictor.span=6"],  # along the mean of the 6 updates between searches
-    "outer": ["predictor=outer"],
-    "outer_aligned": ["predictor=outer", "predictor.alignment_window=5"],  # jumps stop once training walks them back
-    "outer_norm": ["predictor=outer", "predictor.keep_norms=true"],  # jumps change direction, not each tensor's scale
-    "outer_norm_aligned": ["predictor=outer", "predictor.keep_norms=true", "predictor.alignment_window=5"],  # both
+    "outer": UNGUARDED,
+    "outer_aligned": [*UNGUARDED, "predictor.alignment_window=5"],  # jumps stop once training walks them back
+    "outer_norm": [*UNGUARDED, "predictor.keep_norms=true"],  # jumps change direction, not each tensor's scale
+    "outer_norm_aligned": [*UNGUARDED, "predictor.keep_norms=true", "predictor.alignment_window=5"],  # both
     "outer_norm_restart": OUTER_NORM_RESTART,
     # the same, making no jump where a cycle's losses spread too widely for the delayed verdict to see a 20% rise:
-    # the app's preset (`predictor.keep_norms=true predictor.restart=true hybrid.verify_resolution=0.2`)
-    "outer_norm_restart_res": ["predictor=outer_guarded"],
-    "outer_norm_restart_mu6": [  # a longer outer step: 0.7 / (1 - 0.6) = 1.75 cycles' worth, against 1.4
-        "predictor=outer",
-        "predictor.outer_momentum=0.6",
-        "predictor.keep_norms=true",
-        "predictor.restart=true",
-    ],
+    # the defaults (`keep_norms`, `restart`, `hybrid.verify_resolution=0.2`), so no override at all
+    "outer_norm_restart_res": [],
+    "outer_norm_restart_mu6": [*OUTER_NORM_RESTART, "predictor.outer_momentum=0.6"],  # 0.7 / 0.4 = 1.75 cycles
 }
 # Controls: plain, changed by what should not matter. Their rows read the floor's test on noise alone: a cell where
 # plain at a rate 0.1% higher "misses" the floor is one where 5 seeds cannot tell a rule's cost from chaos.

@@ -186,12 +186,12 @@ IDLE_LABELS = {  # mode -> (what the report calls it, the issue's goal)
 
 
 RULE_MODES = {mode: HYBRID[mode] for mode in ("outer_norm", "search")}  # the lrs harness's overrides
-# the candidate where it steps aside: a limit no cycle's margin meets, so every cycle is too noisy to judge a jump
-RULE_MODES["outer_aside"] = [*HYBRID["outer_norm_restart_res"], "hybrid.verify_resolution=1e-12"]
+# the default where it steps aside: a limit no cycle's margin meets, so every cycle is too noisy to judge a jump
+RULE_MODES["outer_aside"] = ["predictor=outer", "hybrid.verify_resolution=1e-12"]
 RULE_LABELS = {  # mode -> (what the report calls it, the goal)
     "outer_norm": ("`outer` with `keep_norms` (jumps every `full_steps`)", None),
     "search": ("`search` (its probe evaluations and searches included)", "1.01 where it keeps nothing"),
-    "outer_aside": ("`outer_norm_restart_res` stepping aside (no cycle judged, no jump)", "1.01"),
+    "outer_aside": ("the default (`outer` with its guards) stepping aside (no cycle judged, no jump)", "1.01"),
 }
 
 SETTLE = 4  # steps of each run left out of its steady-step time

@@ -3,11 +3,10 @@
 The model and data (``lightning_hybrid.demos.char_gpt``) are ordinary Lightning code; hybrid training is the
 strategy and the callbacks given to the Trainer. Nothing is downloaded.
 
-    python -m examples.char_gpt                   # hybrid training, prints the hybrid summary
+    python -m examples.char_gpt                   # the default rule, outer; prints the hybrid summary
     python -m examples.char_gpt --plain           # the same run with plain Lightning, for comparison
-    python -m examples.char_gpt --confidence-threshold 0.3   # let the predictor predict more often
-    python -m examples.char_gpt --predictor rssm             # linear, mlp or rssm: per-step prediction
-    python -m examples.char_gpt --predictor outer            # outer or average: trajectory rules
+    python -m examples.char_gpt --predictor rssm  # linear, mlp or rssm: per-step prediction
+    python -m examples.char_gpt --predictor linear --confidence-threshold 0.3   # predict per step more often
     python -m examples.char_gpt --max-steps 2000 --devices 2 --strategy hybrid_ddp
 
 The same run through the Hydra app: ``lightning-hybrid-train experiment=char_gpt``.
@@ -28,7 +27,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-steps", type=int, default=600)
     parser.add_argument("--plain", action="store_true", help="train with plain Lightning instead")
-    parser.add_argument("--predictor", default="linear", choices=sorted(PREDICTORS))
+    parser.add_argument("--predictor", default="outer", choices=sorted(PREDICTORS))
     parser.add_argument("--confidence-threshold", type=float, default=0.5)
     parser.add_argument("--predict-forward-every", type=int, default=1)
     parser.add_argument("--strategy", default="hybrid", help="hybrid (one device) or hybrid_ddp")

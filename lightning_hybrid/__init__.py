@@ -1,7 +1,6 @@
 """Hybrid predictive training for PyTorch Lightning."""
 
 from lightning_hybrid.callbacks import (
-    OUTER_GUARDED,
     DivergenceMonitor,
     DynamicsPredictor,
     HorizonBandit,
@@ -24,7 +23,6 @@ register_strategies()
 __version__ = "0.1.0"
 
 __all__ = [
-    "OUTER_GUARDED",
     "PREDICTED_STEP_KEY",
     "DivergenceMonitor",
     "DynamicsPredictor",

@@ -18,7 +18,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_hybrid import HybridDDPStrategy, HybridFSDPStrategy, hybrid_callbacks
-from lightning_hybrid.predictors import LineSearch, OuterMomentum, PrimalAverage
+from lightning_hybrid.predictors import LineSearch, PrimalAverage
 from tests.helpers import (
     FAST,
     FAST_PHASES,
@@ -28,14 +28,15 @@ from tests.helpers import (
     hybrid_trainer,
     loader,
     scheduler_of,
+    snoo,
 )
 from tests.test_resume import LEARNED, _callbacks
 
-RULES = {
-    "outer": OuterMomentum,
-    "outer_aligned": partial(OuterMomentum, alignment_window=2),
-    "outer_norm": partial(OuterMomentum, keep_norms=True),
-    "outer_restart": partial(OuterMomentum, restart=True),
+RULES = {  # `outer` without the default's guards, then with each
+    "outer": snoo,
+    "outer_aligned": partial(snoo, alignment_window=2),
+    "outer_norm": partial(snoo, keep_norms=True),
+    "outer_restart": partial(snoo, restart=True),
     "average": PrimalAverage,
 }
 SEARCH = {"every": 4, "max_interval": 16}  # a search every 4 steps while they pay

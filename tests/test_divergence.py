@@ -204,8 +204,8 @@ def test_monitor_state_round_trips():
 
 
 def test_hybrid_callbacks_default_set_is_complete():
-    kinds = {type(cb) for cb in hybrid_callbacks()}
+    kinds = {type(cb) for cb in hybrid_callbacks(predictor="linear")}
     assert kinds == {HybridScheduler, DynamicsPredictor, ResidualCorrector, DivergenceMonitor, HorizonBandit}
-    assert HorizonBandit not in {type(cb) for cb in hybrid_callbacks(bandit=False)}
-    kinds = {type(cb) for cb in hybrid_callbacks(predictor="outer")}  # a rule chooses no horizons: no bandit
+    assert HorizonBandit not in {type(cb) for cb in hybrid_callbacks(predictor="linear", bandit=False)}
+    kinds = {type(cb) for cb in hybrid_callbacks()}  # the default rule chooses no horizons: no bandit
     assert kinds == {HybridScheduler, DynamicsPredictor, ResidualCorrector, DivergenceMonitor}

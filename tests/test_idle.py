@@ -20,6 +20,7 @@ from tests.faults.common import FaultyModel
 from tests.helpers import (
     FAST,
     RULE_PHASES,
+    UNGUARDED,
     RegressionModel,
     flat_params,
     hybrid_trainer,
@@ -30,6 +31,7 @@ from tests.helpers import (
 
 PACKAGE = str(Path(lightning_hybrid.__file__).parent)
 HOST_READS = ("item", "tolist", "__float__", "__bool__", "__int__")
+OUTER = {"predictor": "outer", **RULE_PHASES, **UNGUARDED}  # the mechanism, without the guards
 
 
 class HostReads(L.Callback):
@@ -156,7 +158,7 @@ def test_a_skipped_quiet_step_leaves_weights_and_optimizer_state_untouched():
     [
         ({"confidence_threshold": 1.0, "backoff_after": 1, "full_steps": 5}, 48),
         ({}, 32),
-        ({"predictor": "outer", **RULE_PHASES}, 32),
+        (OUTER, 32),
     ],
     ids=["backed-off", "predicting", "outer"],
 )
@@ -223,7 +225,7 @@ def quiet_steps(settings):
 
 QUIET_SETTINGS = pytest.mark.parametrize(
     "settings",
-    [{"enable_prediction": False}, {}, {"predictor": "outer", **RULE_PHASES}],
+    [{"enable_prediction": False}, {}, OUTER],
     ids=["off", "predicting", "outer"],
 )
 
@@ -339,9 +341,6 @@ def test_quiet_tracking_learns_exactly_what_reading_every_step_learns(monkeypatc
         torch.cat([t.flatten() for g in quiet_predictor["avg"] for t in g]),
         torch.cat([t.flatten() for g in host_predictor["avg"] for t in g]),
     )
-
-
-OUTER = {"predictor": "outer", **RULE_PHASES}
 
 
 def test_outer_reads_its_cycle_ends_and_the_step_after_each_jump_only(monkeypatch):

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from lightning_hybrid import HorizonBandit, HybridPredictStrategy
+from lightning_hybrid.predictors import OuterMomentum
 
 pytest.importorskip("jsonargparse", reason="LightningCLI needs jsonargparse (a test dependency)")
 from lightning.pytorch.cli import LightningCLI
@@ -22,28 +23,48 @@ def readme_yaml() -> str:
     return re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
 
 
-def test_the_readme_yaml_trains_an_unchanged_module_with_the_plugin(tmp_path):
+def _fit(tmp_path, yaml: str, steps: int) -> LightningCLI:
+    tmp_path.mkdir(exist_ok=True)
     config = tmp_path / "my_config.yaml"  # LightningCLI saves the resolved config.yaml into the run folder
-    config.write_text(readme_yaml())
-    cli = LightningCLI(
+    config.write_text(yaml)
+    return LightningCLI(
         UserRegression,
         UserData,
         args=[
             "fit",
             "--config", str(config),
-            "--trainer.max_steps=12",
+            f"--trainer.max_steps={steps}",
             "--trainer.logger=false",
             "--trainer.enable_progress_bar=false",
             f"--trainer.default_root_dir={tmp_path}",
         ],
     )  # fmt: skip
-    trainer = cli.trainer
+
+
+def test_the_readme_yaml_trains_an_unchanged_module_with_the_default_rule(tmp_path):
+    """The strategy and `HybridScheduler` alone run the default: `outer` with its guards, no bandit."""
+    trainer = _fit(tmp_path, readme_yaml(), 12).trainer
     assert isinstance(trainer.strategy, HybridPredictStrategy)
     scheduler = scheduler_of(trainer)
-    assert scheduler.config.warmup_steps == 100 and scheduler.config.predict_lr_fraction == 0.4
-    assert sum(isinstance(cb, HorizonBandit) for cb in trainer.callbacks) == 1
+    assert scheduler.config.warmup_steps == 100 and scheduler.config.full_steps == 20
+    assert not any(isinstance(cb, HorizonBandit) for cb in trainer.callbacks)
+    rule = scheduler.predictor.predictor
+    assert isinstance(rule, OuterMomentum) and rule.keep_norms and rule.restart
     summary = json.loads((tmp_path / "hybrid_summary.json").read_text())
-    assert summary["steps_total"] == 12 and summary["predictor"] == "linear"
+    assert summary["steps_total"] == 12 and summary["predictor"] == "outer"
+
+
+def test_the_readme_yaml_with_short_cycles_steps_aside_on_noise_and_jumps_where_told_to_judge_anyway(tmp_path):
+    """This regression's batch losses spread too widely for the verdict (the default steps aside, as on digits);
+    with the monitor's limit off, the same YAML jumps."""
+    yaml = readme_yaml().replace("warmup_steps: 100", "warmup_steps: 5").replace("full_steps: 20", "full_steps: 10")
+    trainer = _fit(tmp_path / "aside", yaml, 40).trainer
+    summary = scheduler_of(trainer).summary(trainer)
+    assert summary["jumps_blind"] >= 1 and summary["jumps_made"] == 0 and summary["backward_passes"] == 40
+    monitor = "    - class_path: lightning_hybrid.DivergenceMonitor\n      init_args:\n        verify_resolution: 0\n"
+    trainer = _fit(tmp_path / "judged", yaml + monitor, 40).trainer
+    summary = scheduler_of(trainer).summary(trainer)
+    assert summary["jumps_made"] >= 1 and summary["jumps_blind"] == 0 and summary["backward_passes"] == 40
 
 
 def test_a_misspelt_scheduler_setting_in_the_yaml_is_refused(tmp_path):

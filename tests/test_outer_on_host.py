@@ -115,3 +115,17 @@ def test_jumps_with_state_on_host_match_jumps_without_on_every_device(device):
         assert any(t.abs().sum() > 0 for t in state[name])
     assert not any(held.held for held in host_rule._held.values())
     assert all(held.host[0].is_pinned() == (device == "cuda") for held in host_rule._held.values())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_default_holds_the_state_on_the_host_exactly_where_the_weights_are_on_cuda(device):
+    """``state_on_host=None``, the default: the momentum and the last jump wait in host memory on CUDA (the device
+    holds the anchor alone above plain) and stay on the CPU's own tensors elsewhere, where the host is the device."""
+    rule = OuterMomentum()
+    assert rule.state_on_host is None
+    rule.setup([torch.ones(4, device=device)], keep_jump=True)
+    on_cuda = device == "cuda"
+    assert set(rule._held) == ({"b", "jump"} if on_cuda else set())
+    assert (len(rule._b), len(rule._jump)) == ((0, 0) if on_cuda else (1, 1))
+    with pytest.raises(ValueError, match="state_on_host"):
+        OuterMomentum(state_on_host="auto")

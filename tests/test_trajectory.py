@@ -26,6 +26,7 @@ from tests.helpers import (
     hybrid_trainer,
     loader,
     scheduler_of,
+    snoo,
 )
 
 # ------------------------------------------------------------------------------------------------ a bare torch loop
@@ -61,7 +62,7 @@ def test_outer_jumps_match_a_reference_snoo_loop_over_several_cycles():
     engine, _ = engine_loop(
         model,
         optimizer,
-        OuterMomentum(eta, mu),
+        snoo(eta, mu),
         steps,
         regression_batches(),
         config,
@@ -97,12 +98,12 @@ def test_outer_jumps_match_a_reference_snoo_loop_over_several_cycles():
 @pytest.mark.parametrize(
     ("rule", "window", "capture", "copies"),
     [
-        (OuterMomentum(0.7, 0.5), 5, "per_step", 3),  # the anchor (in the update buffer), b, the last jump
-        (OuterMomentum(0.7, 0.5), 0, "per_step", 2),  # unchecked jumps: no copy of the last one
-        (OuterMomentum(0.7, 0.5, alignment_window=3), 5, "per_step", 3),  # the alignment reads the same last jump
-        (OuterMomentum(0.7, 0.5, alignment_window=3), 0, "per_step", 3),  # which it holds without verification
-        (OuterMomentum(0.7, 0.0), 0, "per_step", 1),  # Lookahead: the anchor alone
-        (OuterMomentum(0.7, 0.5, state_on_host=True), 5, "per_step", 1),  # b and the last jump wait on the host
+        (snoo(0.7, 0.5), 5, "per_step", 3),  # the anchor (in the update buffer), b, the last jump
+        (snoo(0.7, 0.5), 0, "per_step", 2),  # unchecked jumps: no copy of the last one
+        (snoo(0.7, 0.5, alignment_window=3), 5, "per_step", 3),  # the alignment reads the same last jump
+        (snoo(0.7, 0.5, alignment_window=3), 0, "per_step", 3),  # which it holds without verification
+        (snoo(0.7, 0.0), 0, "per_step", 1),  # Lookahead: the anchor alone
+        (snoo(0.7, 0.5, state_on_host=True), 5, "per_step", 1),  # b and the last jump wait on the host
         (PrimalAverage(), 5, "per_step", 1),  # x; the buffer holds y only while validation sees x
         (PrimalAverage(), 5, "kept", 2),  # x, and the buffer kept for the run
     ],
@@ -184,7 +185,7 @@ def test_delayed_verification_keeps_a_jump_that_an_immediate_check_would_reject(
     for n, (before, after) in enumerate(rule.points):
         loss_at = batches(5 + 10 * (n + 1) + 1)
         assert loss_at(Held(after)) > loss_at(Held(before)), n
-    _, plain_losses, plain_w = valley_run(OuterMomentum(outer_lr=1.0, outer_momentum=0.0))
+    _, plain_losses, plain_w = valley_run(snoo(outer_lr=1.0, outer_momentum=0.0))
     assert w[0] > plain_w[0] + 1.0  # further down the valley
     assert sum(losses[-5:]) < sum(plain_losses[-5:]) * 0.9
 
@@ -205,7 +206,7 @@ def test_a_jump_that_loses_ground_is_rolled_back_after_its_window():
 
 
 def test_alignment_is_the_cosine_between_the_last_jump_and_the_displacement_since():
-    rule = OuterMomentum(alignment_window=2)
+    rule = snoo(alignment_window=2)
     anchor = [torch.tensor([1.0, 2.0]), torch.tensor([[3.0]])]
     rule.setup(anchor, keep_jump=True)
     jump = [torch.tensor([1.0, 0.0]), torch.tensor([[1.0]])]
@@ -219,7 +220,7 @@ def test_alignment_is_the_cosine_between_the_last_jump_and_the_displacement_sinc
 def test_jumps_that_keep_norms_change_each_tensors_direction_only_and_undo_exactly():
     torch.manual_seed(0)
     params = [torch.randn(4, 3), torch.randn(5)]
-    rule = OuterMomentum(0.7, 0.5, keep_norms=True)
+    rule = snoo(0.7, 0.5, keep_norms=True)
     rule.setup(params, keep_jump=True)
     anchor = [p + 0.3 * torch.randn_like(p) for p in params]  # the cycle moved from here to ``params``
     before = [p.clone() for p in params]
@@ -238,7 +239,7 @@ def test_keep_norms_is_refused_where_a_rank_holds_only_shards():
 
     from lightning_hybrid.engine.families.jumps import OuterJumps
 
-    parts = SimpleNamespace(predictor=OuterMomentum(keep_norms=True), bandit=None, monitor=DivergenceCheck())
+    parts = SimpleNamespace(predictor=snoo(keep_norms=True), bandit=None, monitor=DivergenceCheck())
     with pytest.raises(ValueError, match="keep_norms"):
         OuterJumps.check(HybridConfig(), parts, sharded=True)
     OuterJumps.check(HybridConfig(), parts, sharded=False)
@@ -258,7 +259,7 @@ def test_jumps_that_training_carries_on_go_on_though_each_raises_the_loss_at_onc
     assert engine.record.counters.jumps_made == 6
     assert len(family.state.alignments) == 2 and all(a > 0 for a in family.state.alignments)
     assert family.state.stopped_at == -1 and family.summary()["jumps_stopped_at"] is None
-    _, plain_losses, _ = valley_run(OuterMomentum(outer_lr=1.0, outer_momentum=0.0))
+    _, plain_losses, _ = valley_run(snoo(outer_lr=1.0, outer_momentum=0.0))
     assert sum(losses[-5:]) < sum(plain_losses[-5:])
 
 
@@ -278,7 +279,7 @@ def test_jumps_that_training_walks_back_stop_where_the_verdict_against_before_ke
 
 
 def test_momentum_terms_are_the_cycles_displacement_against_the_momentum():
-    rule = OuterMomentum(restart=True)
+    rule = snoo(restart=True)
     anchor = [torch.tensor([1.0, 2.0]), torch.tensor([[3.0]])]
     rule.setup(anchor, keep_jump=False)
     torch._foreach_copy_(rule._b, [torch.tensor([2.0, 0.0]), torch.tensor([[-1.0]])])
@@ -290,7 +291,7 @@ def target_run(restart, target, steps=66):
     """SGD halfway to ``target(step)`` each step, under ``outer`` (cycles of 10 after 5 warmup steps)."""
     model = Valley()
     config = HybridConfig(warmup_steps=5, full_steps=10)
-    rule = OuterMomentum(restart=restart)
+    rule = snoo(restart=restart)
     batches = lambda step: lambda m: 0.5 * ((m.w - target(step)) ** 2).sum()  # noqa: E731
     optimizer, monitor = torch.optim.SGD(model.parameters(), lr=0.5), DivergenceCheck(verify_window=0)
     engine, _ = engine_loop(model, optimizer, rule, steps, batches, config, monitor)
@@ -314,11 +315,21 @@ def test_restart_makes_no_jump_where_cycles_turn_back_and_every_jump_where_they_
     assert torch.equal(w, w_plain)
 
 
+def test_lookahead_under_the_default_guards_jumps_every_cycle_with_nothing_to_restart():
+    """``outer_momentum=0`` (Lookahead) with ``restart`` on, as the defaults have it: no momentum to reset, so no
+    cycle is left without its jump (it was refused before ``restart`` became a default)."""
+    rule = OuterMomentum(outer_momentum=0.0)
+    assert rule.restart and rule.keep_norms
+    counters, _ = noisy_target_run(0.0, noisy_from=10**6, rule=rule)
+    assert counters.jumps_made >= 4 and counters.jump_restarts == 0
+
+
 def test_the_verdicts_margin_against_the_loss_decides_whether_it_can_judge():
     check = DivergenceCheck(verify_window=8, verify_sigmas=2.0, verify_resolution=0.2)  # margin = 2 * spread / 2
     assert check.blind(mean=1.0, spread=0.3) and check.blind(mean=-1.0, spread=0.3)
     assert not check.blind(mean=1.0, spread=0.1)
-    assert not DivergenceCheck(verify_window=8).blind(mean=1.0, spread=100.0)  # 0: no limit
+    assert DivergenceCheck(verify_window=8).blind(mean=1.0, spread=0.3)  # the default limit: 0.2
+    assert not DivergenceCheck(verify_window=8, verify_resolution=0).blind(mean=1.0, spread=100.0)  # 0: no limit
     assert not DivergenceCheck(verify_window=0, verify_resolution=0.2).blind(mean=1.0, spread=100.0)
 
 
@@ -332,7 +343,7 @@ def noisy_target_run(resolution, noisy_from, rule=None, steps=66):
     batches = lambda step: lambda m: 0.5 * ((m.w - 0.1 * step) ** 2).sum() + noise(step)  # noqa: E731
     monitor = DivergenceCheck(verify_window=4, verify_resolution=resolution)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    engine, _ = engine_loop(model, optimizer, rule or OuterMomentum(), steps, batches, config, monitor)
+    engine, _ = engine_loop(model, optimizer, rule or snoo(), steps, batches, config, monitor)
     return engine.record.counters, model.w.detach()
 
 
@@ -350,7 +361,7 @@ def test_no_jump_is_made_where_the_cycles_losses_are_too_noisy_for_its_verdict_t
     assert (loose.jumps_made, loose.jumps_blind) == (6, 0) and torch.equal(w_loose, w)
     counters, w_blind = noisy_target_run(0.2, noisy_from=0)  # never able to judge: plain training, bit for bit
     assert (counters.jumps_made, counters.jumps_blind) == (0, 6)
-    _, w_plain = noisy_target_run(0.0, noisy_from=0, rule=OuterMomentum(outer_lr=1.0, outer_momentum=0.0))
+    _, w_plain = noisy_target_run(0.0, noisy_from=0, rule=snoo(outer_lr=1.0, outer_momentum=0.0))
     assert torch.equal(w_blind, w_plain)
 
 
@@ -378,7 +389,7 @@ def fit_regression(callbacks, steps=40, strategy=True, **kwargs):
 
 def test_outer_with_eta_one_and_no_momentum_is_plain_lightning_bitwise():
     plain, _ = fit_regression([], strategy=False)
-    hybrid, _ = fit_regression(hybrid_callbacks(predictor=OuterMomentum(1.0, 0.0), **RULE_PHASES))
+    hybrid, _ = fit_regression(hybrid_callbacks(predictor=snoo(1.0, 0.0), **RULE_PHASES))
     assert torch.equal(flat_params(hybrid), flat_params(plain))
     assert hybrid.backward_calls == plain.backward_calls == 40
 
@@ -387,7 +398,7 @@ def test_a_lightning_run_whose_verdict_cannot_judge_any_cycle_trains_plainly_and
     """The monitor's ``verify_resolution`` reaches the jumps through ``hybrid_callbacks``: a limit below every
     window's margin (16-sample batches of noise) makes no jump, and the weights are plain Lightning's."""
     plain, _ = fit_regression([], strategy=False)
-    callbacks = hybrid_callbacks(predictor="outer", verify_resolution=1e-6, **RULE_PHASES)
+    callbacks = hybrid_callbacks(predictor="outer", **{**RULE_PHASES, "verify_resolution": 1e-6})
     model, trainer = fit_regression(callbacks)
     counters = scheduler_of(trainer).counters
     assert (counters.jumps_made, counters.jumps_blind) == (0, (40 - 5) // 6 - 1)
@@ -395,7 +406,7 @@ def test_a_lightning_run_whose_verdict_cannot_judge_any_cycle_trains_plainly_and
 
 
 def test_outer_jumps_every_cycle_in_a_lightning_run_and_keeps_every_backward_pass():
-    model, trainer = fit_regression(hybrid_callbacks(predictor="outer", **RULE_PHASES))
+    model, trainer = fit_regression(hybrid_callbacks(predictor=snoo(), **RULE_PHASES))
     counters = scheduler_of(trainer).counters
     assert counters.jumps_made == (40 - 5) // 6 - 1  # the last cycle's jump could not be verified in time
     assert f"and {counters.jumps_made} jumps" in format_summary(scheduler_of(trainer).summary())
@@ -406,9 +417,9 @@ def test_outer_jumps_every_cycle_in_a_lightning_run_and_keeps_every_backward_pas
 
 
 def test_a_lightning_run_whose_jumps_training_walks_back_stops_them_and_says_so():
-    model, trainer = fit_regression(hybrid_callbacks(predictor=OuterMomentum(alignment_window=2), **RULE_PHASES))
+    model, trainer = fit_regression(hybrid_callbacks(predictor=snoo(alignment_window=2), **RULE_PHASES))
     summary = scheduler_of(trainer).summary()
-    unjudged, unjudged_trainer = fit_regression(hybrid_callbacks(predictor="outer", **RULE_PHASES))
+    unjudged, unjudged_trainer = fit_regression(hybrid_callbacks(predictor=snoo(), **RULE_PHASES))
     assert summary["jump_alignment"] <= 0 and summary["jumps_stopped_at"] == 5 + 4 * 6  # after the third jump
     assert summary["jumps_made"] == 3 < scheduler_of(unjudged_trainer).summary()["jumps_made"]
     assert f"jumps stopped at step {summary['jumps_stopped_at']}" in format_summary(summary)
@@ -430,7 +441,7 @@ def test_no_jump_is_made_that_fit_cannot_verify(max_steps):
     watch = LastValidation()
     trainer, _ = hybrid_trainer(
         max_steps,
-        hybrid=hybrid_callbacks(predictor="outer", **RULE_PHASES),
+        hybrid=hybrid_callbacks(predictor=snoo(), **RULE_PHASES),
         logger=False,
         extra_callbacks=[watch],
         val_check_interval=max_steps,
@@ -443,7 +454,7 @@ def test_no_jump_is_made_that_fit_cannot_verify(max_steps):
     assert summary["rollback_reasons"]["end_of_fit"] == 0
     assert torch.equal(watch.seen, flat_params(model))
     _, unverified = fit_regression(
-        hybrid_callbacks(predictor="outer", **{**RULE_PHASES, "verify_window": 0}), steps=max_steps
+        hybrid_callbacks(predictor=snoo(), **{**RULE_PHASES, "verify_window": 0}), steps=max_steps
     )
     assert scheduler_of(unverified).counters.jumps_made == sum(end < max_steps for end in ends)
 
@@ -457,7 +468,7 @@ def test_no_jump_lands_on_a_parameter_frozen_between_the_cycles_end_and_the_jump
                 self.frozen = self.param.detach().clone()
 
     watch = FreezeAtCycleEnd()
-    _, trainer = fit_regression(hybrid_callbacks(predictor="outer", **RULE_PHASES), extra_callbacks=[watch])
+    _, trainer = fit_regression(hybrid_callbacks(predictor=snoo(), **RULE_PHASES), extra_callbacks=[watch])
     assert torch.equal(watch.param, watch.frozen)
     assert scheduler_of(trainer).counters.jumps_made >= 2  # jumps went on after the set was tracked again
 
@@ -498,7 +509,7 @@ def test_average_takes_gradients_at_y_and_its_mixing_weight_matters():
     assert not torch.allclose(finals[0.3], finals[0.7], atol=1e-4)  # where gradients are taken changes training
 
 
-@pytest.mark.parametrize("predictor", [OuterMomentum(), PrimalAverage()], ids=["outer", "average"])
+@pytest.mark.parametrize("predictor", [snoo(), PrimalAverage()], ids=["outer", "average"])
 def test_rules_run_under_manual_optimization(predictor):
     steps_on_z = []
     if isinstance(predictor, PrimalAverage):
@@ -526,7 +537,7 @@ def _checkpointed_run(root, predictor, ckpt_path=None, batch_size=16, **settings
     )
     trainer, _ = hybrid_trainer(
         40,
-        hybrid=hybrid_callbacks(predictor=predictor, **RULE_PHASES, **settings),
+        hybrid=hybrid_callbacks(predictor=predictor, **{**RULE_PHASES, **settings}),
         extra_callbacks=[every] if ckpt_path is None else [],
         logger=False,
         enable_checkpointing=ckpt_path is None,
@@ -545,9 +556,9 @@ def _engine_state(path):
 @pytest.mark.parametrize(
     ("saved", "resumed_as"),
     [
-        (lambda: "outer", lambda: "outer"),
+        (lambda: snoo(), lambda: snoo()),
         # b is on the device when saved (brought there by the restart's test); resumed without state_on_host
-        (lambda: OuterMomentum(restart=True, state_on_host=True), lambda: OuterMomentum(restart=True)),
+        (lambda: snoo(restart=True, state_on_host=True), lambda: snoo(restart=True)),
     ],
     ids=["outer", "state-on-host"],
 )
@@ -567,8 +578,8 @@ def _rule_state(path):
 
 
 RELEASED = {
-    "outer": lambda: OuterMomentum(keep_norms=True, restart=True),
-    "state-on-host": lambda: OuterMomentum(keep_norms=True, restart=True, state_on_host=True),
+    "outer": lambda: snoo(keep_norms=True, restart=True),
+    "state-on-host": lambda: snoo(keep_norms=True, restart=True, state_on_host=True),
     "average": lambda: PrimalAverage(),
 }
 
@@ -598,7 +609,7 @@ def test_after_fit_a_rule_lets_its_copies_go_keeps_its_state_for_checkpoints_and
 def test_resume_across_cycles_too_noisy_to_judge_is_bitwise_exact(tmp_path):
     """A limit that some of this run's windows pass and some do not (one jump made, two cycles too noisy, one
     restart): resumed from each checkpoint, the same decisions and the same weights."""
-    rule = lambda: OuterMomentum(keep_norms=True, restart=True)  # noqa: E731
+    rule = lambda: snoo(keep_norms=True, restart=True)  # noqa: E731
     model, trainer = _checkpointed_run(tmp_path / "full", rule(), verify_resolution=0.4)
     want = scheduler_of(trainer).summary()
     assert (want["jumps_made"], want["jumps_blind"], want["jump_restarts"]) == (1, 2, 1)
@@ -610,12 +621,12 @@ def test_resume_across_cycles_too_noisy_to_judge_is_bitwise_exact(tmp_path):
 
 
 ALIGNED = {
-    "outer": lambda: "outer",
-    "outer_aligned": lambda: OuterMomentum(alignment_window=2),
-    "outer_norm": lambda: OuterMomentum(keep_norms=True),
-    "outer_norm_aligned": lambda: OuterMomentum(alignment_window=2, keep_norms=True),
-    "outer_norm_restart": lambda: OuterMomentum(keep_norms=True, restart=True),
-    "outer_norm_restart_on_host": lambda: OuterMomentum(keep_norms=True, restart=True, state_on_host=True),
+    "outer": lambda: snoo(),
+    "outer_aligned": lambda: snoo(alignment_window=2),
+    "outer_norm": lambda: snoo(keep_norms=True),
+    "outer_norm_aligned": lambda: snoo(alignment_window=2, keep_norms=True),
+    "outer_norm_restart": lambda: snoo(keep_norms=True, restart=True),
+    "outer_norm_restart_on_host": lambda: snoo(keep_norms=True, restart=True, state_on_host=True),
 }
 
 
@@ -713,7 +724,6 @@ def test_what_a_rule_cannot_do_is_refused_before_training(settings, message):
         (dict(keep_norms="yes"), "keep_norms"),
         (dict(restart=1), "restart"),
         (dict(state_on_host="yes"), "state_on_host"),
-        (dict(restart=True, outer_momentum=0.0), "restart"),
     ],
 )
 def test_bad_outer_settings_are_refused_when_built(kwargs, name):

@@ -42,7 +42,8 @@ class DivergenceCheck:
         verify_resolution: the widest margin, as a fraction of the window's mean loss, at which that verdict still
             judges (>= 0; 0: no limit). Where a cycle's losses spread so widely that a jump raising the loss by more
             than this fraction would still pass, the verdict is blind and no jump is made. For losses bounded below
-            by 0 (cross-entropy, squared error), whose level says how much room is left.
+            by 0 (cross-entropy, squared error), whose level says how much room is left; set 0 for a loss that can
+            be negative or sits near 0 by construction.
     """
 
     def __init__(
@@ -54,7 +55,7 @@ class DivergenceCheck:
         grad_outlier_factor: float = 100.0,
         verify_window: int = 10,
         verify_sigmas: float = 2.0,
-        verify_resolution: float = 0.0,
+        verify_resolution: float = 0.2,
     ) -> None:
         owner = "DivergenceMonitor"  # the name users configure it by
         self.z_threshold = check_float(owner, "z_threshold", z_threshold, 0.0, open_low=True)

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
-from types import MappingProxyType
+from collections.abc import Callable
 from typing import Any
 
 from lightning.pytorch.callbacks import Callback
@@ -34,11 +33,6 @@ SETTING_OWNERS: dict[str, Callable[..., Any]] = {
     "host": DynamicsPredictor,
 }
 NOT_SETTINGS = ("self", "args", "kwargs", "predictor", "predictor_kwargs")  # wiring, not settings
-# `outer` with the guards the learning-rate harness measured it with (its configuration `outer_norm_restart_res`;
-# docs/performance.md): opt-in, `hybrid_callbacks(**OUTER_GUARDED)`, the app's `predictor=outer_guarded`.
-OUTER_GUARDED: Mapping[str, Any] = MappingProxyType(
-    {"predictor": "outer", "keep_norms": True, "restart": True, "verify_resolution": 0.2}
-)
 
 
 def settings_of(init: Callable[..., Any]) -> set[str]:
@@ -46,20 +40,21 @@ def settings_of(init: Callable[..., Any]) -> set[str]:
 
 
 def hybrid_callbacks(
-    predictor: str | AnyPredictor = "linear", bandit: bool | None = None, **settings: Any
+    predictor: str | AnyPredictor = "outer", bandit: bool | None = None, **settings: Any
 ) -> list[Callback]:
     """The callbacks hybrid training needs, with settings applied.
 
-    ``predictor`` is a registered name or a :class:`Predictor` or :class:`TrajectoryRule` instance: ``linear``
-    (the default), ``mlp`` and ``rssm`` predict per step and skip backward passes; ``outer`` and ``average`` keep
-    every backward pass (see ``docs/performance.md`` for what each measured, and why none is the default). ``bandit``:
-    whether to add the :class:`HorizonBandit`; ``None`` (the default) adds it for per-step predictors and leaves it
-    out for trajectory rules (``outer``, ``average``), which make no Predict segments to choose horizons for. Left
-    out, its settings are still checked, and the horizon follows the scheduler's halve-on-failure rule. Every other
-    keyword goes to the component that owns a setting of that name, with that component's default when not given:
-    :class:`HybridConfig` (the phase settings), :class:`DivergenceMonitor`, :class:`ResidualCorrector`,
-    :class:`HorizonBandit`, :class:`DynamicsPredictor` (``feature_dim``), or a named predictor (e.g. ``decay`` of
-    ``linear``). Unknown or ambiguous names raise ``TypeError``.
+    ``predictor`` is a registered name or a :class:`Predictor` or :class:`TrajectoryRule` instance: ``outer``
+    (the default) keeps every backward pass and jumps along the weights' trajectory once a cycle, with the guards
+    the learning-rate harness measured; ``linear``, ``mlp`` and ``rssm`` predict per step and skip backward passes
+    (``docs/performance.md`` says what each measured). ``bandit``: whether to add the :class:`HorizonBandit`;
+    ``None`` (the default) adds it for per-step predictors and leaves it out for trajectory rules, which make no
+    Predict segments to choose horizons for. Left out, its settings are still checked, and the horizon follows the
+    scheduler's halve-on-failure rule. Every other keyword goes to the component that owns a setting of that name,
+    with that component's default when not given: :class:`HybridConfig` (the phase settings),
+    :class:`DivergenceMonitor`, :class:`ResidualCorrector`, :class:`HorizonBandit`, :class:`DynamicsPredictor`
+    (``feature_dim``), or the named predictor (e.g. ``outer_lr`` of ``outer``, ``decay`` of ``linear``). Unknown or
+    ambiguous names raise ``TypeError``.
     """
     if bandit is not None and not isinstance(bandit, bool):
         raise ValueError(f"hybrid_callbacks: `bandit` must be True, False or None, got {bandit!r}")
@@ -93,7 +88,6 @@ def hybrid_callbacks(
 
 
 __all__ = [
-    "OUTER_GUARDED",
     "SETTING_OWNERS",
     "DivergenceMonitor",
     "DynamicsPredictor",

@@ -14,16 +14,16 @@ class DynamicsPredictor(HybridComponent):
     """Holds the dynamics model that learns how the weights move, and the state encoder it conditions on.
 
     Args:
-        predictor: a registered name (one of ``lightning_hybrid.predictors.PREDICTORS``) or an instance of a
-            :class:`~lightning_hybrid.predictors.Predictor` (per-step prediction) or a
-            :class:`~lightning_hybrid.predictors.TrajectoryRule` (``outer``, ``average``).
+        predictor: a registered name (one of ``lightning_hybrid.predictors.PREDICTORS``; ``outer``, the default) or
+            an instance of a :class:`~lightning_hybrid.predictors.TrajectoryRule` or of a per-step
+            :class:`~lightning_hybrid.predictors.Predictor`.
         predictor_kwargs: settings of the named predictor (ignored for an instance).
         feature_dim: length of the encoded training state (see :class:`~lightning_hybrid.encoder.StateEncoder`).
     """
 
     def __init__(
         self,
-        predictor: str | AnyPredictor = "linear",
+        predictor: str | AnyPredictor = "outer",
         predictor_kwargs: dict[str, Any] | None = None,
         feature_dim: int = 64,
     ) -> None:

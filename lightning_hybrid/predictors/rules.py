@@ -100,15 +100,18 @@ def _cosine_terms(params: TensorList, pairs: Iterable[tuple[Tensor, Tensor]]) ->
 
 
 class OuterMomentum(TrajectoryRule):
-    """``outer``: the SNOO rule (one-worker DiLoCo). Every Full cycle of ``full_steps`` ordinary steps runs from an
-    anchor; after it (as the engine starts the next step) the weights jump to
-    ``anchor - outer_lr * (outer_momentum * b + s)``, where ``s = anchor - weights`` is the cycle's displacement and
-    ``b <- outer_momentum * b + s``, and that point is the next anchor. No backward pass is added or skipped.
+    """``outer``, the default: the SNOO rule (one-worker DiLoCo) with the guards the learning-rate harness measured.
+    Every Full cycle of ``full_steps`` ordinary steps runs from an anchor; after it (as the engine starts the next
+    step) the weights jump to ``anchor - outer_lr * (outer_momentum * b + s)``, where ``s = anchor - weights`` is the
+    cycle's displacement and ``b <- outer_momentum * b + s``, and that point is the next anchor. No backward pass is
+    added or skipped.
 
     ``outer_lr=1, outer_momentum=0`` is plain training (bitwise); ``outer_momentum=0`` is Lookahead with step
-    ``outer_lr``. Memory: the anchor lives in the engine's one update buffer; ``b`` adds one parameter copy when
-    ``outer_momentum > 0``, and delayed verification or the alignment verdict one more (the last jump). With
-    ``state_on_host`` those two live in host memory, so the device holds the anchor alone.
+    ``outer_lr``. Unguarded ``outer`` (as SNOO publishes it) is ``keep_norms=False, restart=False`` with the
+    monitor's ``verify_resolution=0``. Memory: the anchor lives in the engine's one update buffer; ``b`` adds one
+    parameter copy when ``outer_momentum > 0``, and delayed verification or the alignment verdict one more (the
+    last jump). With ``state_on_host`` (the default on CUDA) those two live in host memory, so the device holds the
+    anchor alone.
 
     The alignment verdict asks whether a jump went where training was going anyway, the question a loss compared
     with before the jump cannot answer on a falling curve: the cosine between each jump and the displacement of the
@@ -126,10 +129,12 @@ class OuterMomentum(TrajectoryRule):
         restart: adaptive restart (O'Donoghue and Candès, 2015) at the cycle's scale: when a cycle's displacement
             points against the outer momentum (their cosine is at most 0), the momentum is reset and no jump is
             made, so that an oscillating run trains plainly instead of being pushed along a stale direction.
+            Nothing to do when ``outer_momentum`` is 0.
         state_on_host: hold ``b`` and the last jump in host memory (pinned, on CUDA), as DiLoCo implementations hold
             their outer state, and bring them to the device only at a cycle's end: the device then holds one
             parameter copy above plain (the anchor) outside a jump, and each jump moves ``b`` in and ``b`` and the
-            jump out (the way out overlaps the next steps). The same values, bitwise; nothing changes off CUDA.
+            jump out (the way out overlaps the next steps). The same values, bitwise. ``None`` (the default): on
+            where the parameters are on CUDA; on a CPU the host is the device, so it changes nothing there.
     """
 
     name = "outer"
@@ -140,18 +145,20 @@ class OuterMomentum(TrajectoryRule):
         outer_lr: float = 0.7,
         outer_momentum: float = 0.5,
         alignment_window: int = 0,
-        keep_norms: bool = False,
-        restart: bool = False,
-        state_on_host: bool = False,
+        keep_norms: bool = True,
+        restart: bool = True,
+        state_on_host: bool | None = None,
     ) -> None:
         self.outer_lr = check_float("OuterMomentum", "outer_lr", outer_lr, 0.0, 2.0, open_low=True)
         self.outer_momentum = check_float("OuterMomentum", "outer_momentum", outer_momentum, 0.0, 1.0 - 1e-12)
         self.alignment_window = check_int("OuterMomentum", "alignment_window", alignment_window, 0)
         self.keep_norms = check_bool("OuterMomentum", "keep_norms", keep_norms)
         self.restart = check_bool("OuterMomentum", "restart", restart)
-        self.state_on_host = check_bool("OuterMomentum", "state_on_host", state_on_host)
-        if restart and outer_momentum == 0:
-            raise ValueError("OuterMomentum: `restart=True` resets the outer momentum, so it needs outer_momentum > 0")
+        if state_on_host is not None and not isinstance(state_on_host, bool):
+            raise ValueError(
+                f"OuterMomentum: `state_on_host` must be True, False or None (on CUDA), got {state_on_host!r}"
+            )
+        self.state_on_host = state_on_host
         super().__init__()
         self._b: list[Tensor] = []  # on the device; with ``state_on_host``, in ``_held`` instead
         self._jump: list[Tensor] = []
@@ -165,7 +172,10 @@ class OuterMomentum(TrajectoryRule):
 
     def setup(self, params: TensorList, keep_jump: bool) -> None:
         kept = {"b": self.outer_momentum > 0, "jump": keep_jump}
-        if self.state_on_host:  # allocated on the host: the device never holds them outside a cycle's end
+        on_host = self.state_on_host
+        if on_host is None:  # the default: off the device where there is one to spare
+            on_host = bool(params) and params[0].is_cuda
+        if on_host:  # allocated on the host: the device never holds them outside a cycle's end
             self._held = {name: HostHeld(list(params)) for name, on in kept.items() if on}
             self._b, self._jump = [], []
         else:

@@ -186,7 +186,7 @@ class OuterJumps(PredictionFamily):
         """With the rule's ``restart``, where the cycle's displacement points against the outer momentum (a cosine
         at most 0; none while there is no momentum yet): reset the momentum, count it, and say that no jump is due."""
         e = self.engine
-        if not e.parts.predictor.restart:
+        if not e.parts.predictor.restart or e.parts.predictor.outer_momentum == 0:
             return False
         dot, s_sq, b_sq = e.collectives.sum_across_ranks(
             e.parts.predictor.momentum_terms(e.store.params, e.store.buffer)
