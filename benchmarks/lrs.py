@@ -43,20 +43,19 @@ OUT = RESULTS / "lrs"
 SWEEP = (1 / 9, 1 / 3, 1.0, 3.0, 9.0)  # times the task's own rate
 RATES = ("tuned/3", "tuned", "3x")  # the grid's rates, by the names the command line takes
 # `outer` as SNOO publishes it, without the guards its defaults now carry: each configuration below adds its own
-UNGUARDED = ["predictor=outer", "predictor.keep_norms=false", "predictor.restart=false", "hybrid.verify_resolution=0"]
+UNGUARDED = ["predictor=outer", "predictor.keep_norms=false", "predictor.restart=false"]
+UNGUARDED += ["predictor.verify_resolution=0"]
 # jumps that change direction, not each tensor's scale, with no jump (and the momentum reset) where a cycle points
 # against the momentum
 OUTER_NORM_RESTART = [*UNGUARDED, "predictor.keep_norms=true", "predictor.restart=true"]
 HYBRID = {  # configuration -> overrides
-    "search": ["predictor=search"],
-    "search_span": ["predictor=search", "predictor.span=6"],  # along the mean of the 6 updates between searches
     "outer": UNGUARDED,
     "outer_aligned": [*UNGUARDED, "predictor.alignment_window=5"],  # jumps stop once training walks them back
     "outer_norm": [*UNGUARDED, "predictor.keep_norms=true"],  # jumps change direction, not each tensor's scale
     "outer_norm_aligned": [*UNGUARDED, "predictor.keep_norms=true", "predictor.alignment_window=5"],  # both
     "outer_norm_restart": OUTER_NORM_RESTART,
     # the same, making no jump where a cycle's losses spread too widely for the delayed verdict to see a 20% rise:
-    # the defaults (`keep_norms`, `restart`, `hybrid.verify_resolution=0.2`), so no override at all
+    # the defaults (`keep_norms`, `restart`, `verify_resolution=0.2`), so no override at all
     "outer_norm_restart_res": [],
     "outer_norm_restart_mu6": [*OUTER_NORM_RESTART, "predictor.outer_momentum=0.6"],  # 0.7 / 0.4 = 1.75 cycles
 }
@@ -66,6 +65,9 @@ HYBRID = {  # configuration -> overrides
 # on another host it measures what rounding alone does to a baseline from an earlier session.
 CONTROLS = {"nudged": 1.001, "rerun": 1.0}  # configuration -> the rate's factor
 CONFIGS = (*HYBRID, *PEERS, *CONTROLS)
+# configurations whose stored runs the report still reads, of rules that measured no gain and left the package: the
+# probe-verified line search along the last update and along the mean of the 6 updates between searches
+RETIRED = ("search", "search_span")
 
 
 @dataclass(frozen=True)
@@ -215,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.action == "sweep":
             print(f"{task}: tuned lr {sweep(task):.3g}")
         else:
-            grid(task, args.config or ["search", *PEERS], args.seeds, args.rate)
+            grid(task, args.config or ["outer_norm_restart_res", *PEERS], args.seeds, args.rate)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from benchmarks.lrs import (
     HYBRID,
     LR_TASKS,
     OUT,
+    RETIRED,
     SWEEP,
     _own_lr,
     _path,
@@ -132,7 +133,7 @@ def task_table(task: str) -> tuple[str, dict[str, dict[float, list[dict]]]]:
     ]
     found: dict[str, dict[float, list[dict]]] = {}
     for lr in grid_rates(best).values():
-        for config in ("tuned", *CONFIGS):
+        for config in ("tuned", *CONFIGS, *RETIRED):
             rows = seed_rows(task, lr, config, best)
             if not rows or (config == "tuned" and lr == best):
                 continue
@@ -157,7 +158,7 @@ def task_table(task: str) -> tuple[str, dict[str, dict[float, list[dict]]]]:
             " (seeds), whose rounding may differ: at a high rate that alone parts two runs of plain, as `rerun`"
             " shows where it ran: " + ", ".join(f"`{c}` at {lr:.3g} ({h})" for c, lr, h in hosts if h),
         ]
-    for config in HYBRID:  # the candidates for the default
+    for config in (*HYBRID, *RETIRED):  # the candidates for the default, then and now
         if config in found:
             lines += ["", *goals(task, found, config)]
     return "\n".join(lines), found
@@ -218,7 +219,7 @@ def floor_summary(found_by_task: dict[str, dict[str, dict[float, list[dict]]]]) 
         " | missed (task at lr: time, loss; the control's there) |",
         "|---|---|---|---|---|",
     ]
-    for config in (*HYBRID, *CONTROLS):
+    for config in (*HYBRID, *RETIRED, *CONTROLS):
         held, own, missed = 0, 0, []
         for task, found in found_by_task.items():
             best = tuned(task)

@@ -55,7 +55,7 @@ def run(
     warmup, k = phases.get("warmup", 60), phases.get("full_steps", 20)
     o = offline(task, lr, seed)
     model, opt, sched, clip, params, val = o.model, o.opt, o.sched, o.clip, o.params, o.val
-    stream, rule = _batches(o.data), OuterMomentum(0.7, 0.5, keep_norms=mode.startswith("norm_kept"))
+    stream, rule = _batches(o.data), OuterMomentum(0.7, 0.5, keep_norms=mode.startswith("norm_kept"), restart=False)
     rule.setup(params, keep_jump=True)
     _train(model, opt, sched, [next(stream) for _ in range(warmup)], clip)
     anchor = torch._foreach_mul(params, 1.0)

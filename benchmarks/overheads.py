@@ -18,15 +18,13 @@ All runs are the app's character GPT at two sizes, built by the harness like any
   buffers, oneDNN's first calls).
 - Predict-step cost: mean Predict step over mean Full step of the same run, with the forward check on every
   predicted step (``predict_forward_every=1``) and without it (``0``).
-- What the trajectory rules cost per step (``rules``): ``outer`` with ``keep_norms`` and ``search`` against plain,
-  alternating in this process over a run long enough for ``search`` to back off to its longest gap; every backward
-  pass is kept, so the ratio is the rule's own work (jumps; probe evaluations and searches). Each run's jumps and
-  kept search steps are listed beside it: where ``search`` kept none, its ratio is what it costs a run where it
-  does not pay. ``outer_aside`` is the harness's candidate where it steps aside: with a limit no cycle meets, no
-  cycle can be judged and no jump is made, so its ratio is what it costs a run where its verdict cannot see.
+- What the rule costs per step (``rules``): ``outer`` with ``keep_norms`` against plain, alternating in this
+  process; every backward pass is kept, so the ratio is the rule's own work (its jumps, listed beside it).
+  ``outer_aside`` is the default where it steps aside: with a limit no cycle meets, no cycle can be judged and no
+  jump is made, so its ratio is what it costs a run where its verdict cannot see.
 - Peak memory: each run in its own process (peak RSS is per process); on CUDA the peak allocated/reserved bytes.
   Plain, and each predictor that holds parameter-sized state: ``linear`` tracking (outside Predict) and
-  predicting, each with the update's buffer per step and kept (``capture_buffer``), ``outer`` and ``average``.
+  predicting, each with the update's buffer per step and kept (``capture_buffer``), and ``outer``.
 """
 
 from __future__ import annotations
@@ -71,7 +69,7 @@ STEPS = {
 }
 PARTS = ("profile", "overhead", "rules", "memory")
 QUICK = {"profile": 40, "overhead": 20, "rounds": 1, "memory": 40, "rules": 60}
-QUICK_RULES = ["hybrid.warmup_steps=10", "hybrid.full_steps=10"]  # so that 60 steps hold jumps and searches
+QUICK_RULES = ["hybrid.warmup_steps=10", "hybrid.full_steps=10"]  # so that 60 steps hold jumps
 PREDICTING = [  # predict as often as possible, so every component is exercised many times
     "predictor=linear",  # the per-step machinery these figures are about (the app's default is outer)
     "hybrid.warmup_steps=20",
@@ -185,12 +183,11 @@ IDLE_LABELS = {  # mode -> (what the report calls it, the issue's goal)
 }
 
 
-RULE_MODES = {mode: HYBRID[mode] for mode in ("outer_norm", "search")}  # the lrs harness's overrides
+RULE_MODES = {"outer_norm": HYBRID["outer_norm"]}  # the lrs harness's overrides
 # the default where it steps aside: a limit no cycle's margin meets, so every cycle is too noisy to judge a jump
-RULE_MODES["outer_aside"] = ["predictor=outer", "hybrid.verify_resolution=1e-12"]
+RULE_MODES["outer_aside"] = ["predictor=outer", "predictor.verify_resolution=1e-12"]
 RULE_LABELS = {  # mode -> (what the report calls it, the goal)
     "outer_norm": ("`outer` with `keep_norms` (jumps every `full_steps`)", None),
-    "search": ("`search` (its probe evaluations and searches included)", "1.01 where it keeps nothing"),
     "outer_aside": ("the default (`outer` with its guards) stepping aside (no cycle judged, no jump)", "1.01"),
 }
 
@@ -239,7 +236,7 @@ def rule_overhead(size: str, steps: int, rounds: int, workdir: str, extra: list[
 
 def against_plain(size: str, steps: int, rounds: int, workdir: str, modes: dict[str, list[str]]) -> dict[str, Any]:
     """Each mode's overrides and plain Lightning in turn, ``rounds`` times: the per-round ratios of
-    training time, whole fit and steady steps, and what each hybrid run kept (jumps, search steps)."""
+    training time, whole fit and steady steps, and what each hybrid run did (jumps, cycles too noisy to judge)."""
     times: dict[str, list[float]] = {"plain": [], **{mode: [] for mode in modes}}
     steady: dict[str, list[float]] = {label: [] for label in times}
     kept: dict[str, list[dict[str, int]]] = {mode: [] for mode in modes}
@@ -255,14 +252,7 @@ def against_plain(size: str, steps: int, rounds: int, workdir: str, modes: dict[
             steady[label].append(clock.steady_step())
             if label != "plain":
                 c = find_scheduler(trainer).counters
-                kept[label].append(
-                    {
-                        "jumps": c.jumps_made,
-                        "blind": c.jumps_blind,
-                        "searches": c.searches,
-                        "search_steps": c.search_steps,
-                    }
-                )
+                kept[label].append({"jumps": c.jumps_made, "blind": c.jumps_blind})
     ratios = {mode: [h / p for h, p in zip(times[mode], times["plain"])] for mode in modes}
     steady_ratios = {mode: [h / p for h, p in zip(steady[mode], steady["plain"])] for mode in modes}
     return {
@@ -285,7 +275,6 @@ MEMORY_RUNS = {  # label -> overrides (None: plain Lightning); the rules jump ev
     "linear_predicting": PREDICTING,
     "linear_predicting_per_step": [*PREDICTING, PER_STEP],
     "outer": ["predictor=outer", "hybrid.warmup_steps=20", "hybrid.full_steps=10"],
-    "average": ["predictor=average", "hybrid.warmup_steps=20"],
 }
 
 
@@ -341,9 +330,7 @@ def memory(size: str, steps: int, threads: int) -> dict[str, Any]:
 
 
 def _kept(mode: str, counts: dict[str, int]) -> str:
-    """What one run of a rule did: its jumps (and cycles too noisy to judge one), or its searches."""
-    if mode == "search":
-        return f"{counts['search_steps']} steps kept by {counts['searches']} searches"
+    """What one run of a rule did: its jumps (and cycles too noisy to judge one)."""
     blind = counts.get("blind", 0)  # result files from before the count have none
     return f"{counts['jumps']} jumps" + (f" ({blind} cycles too noisy to judge one)" if blind else "")
 

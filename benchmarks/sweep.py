@@ -1,7 +1,6 @@
 """Sweep hybrid configurations against one plain baseline per seed, on the harness's tasks and measures.
 
     python -m benchmarks.sweep --task char_gpt --steps 2000 --grid outer --threads 1
-    python -m benchmarks.sweep --task char_gpt_wsd --steps 2000 --grid average --out benchmarks/results/sweep
     python -m benchmarks.sweep --task char_gpt --setting "predictor=outer hybrid.full_steps=20"
 
 Each seed trains the plain baseline once, then every configuration with the same seed, batches and schedule, for
@@ -15,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import itertools
 import json
 import shlex
 import tempfile
@@ -23,28 +21,21 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.lrs import UNGUARDED
 from benchmarks.report import write_table
 from benchmarks.run import RESULTS, fit, hybrid_against, label, save_result, warm_up
 from benchmarks.tasks import TASKS, Length, compose_run, hybrid_steps, length_of
 
 
 def outer(k: int, eta: float, mu: float, verify: bool = True) -> tuple[str, list[str]]:
-    """The outer-momentum rule with cycles of ``k`` steps, verified over the last half of the next cycle (or, with
-    ``verify=False``, every jump kept unchecked)."""
+    """The outer-momentum rule without the default's guards (as these sweeps ran it) with cycles of ``k`` steps,
+    verified over the last half of the next cycle (or, with ``verify=False``, every jump kept unchecked)."""
     return f"outer_K{k}_eta{eta}_mu{mu}" + ("" if verify else "_unverified"), [
-        "predictor=outer",
+        *UNGUARDED,
         f"hybrid.full_steps={k}",
-        f"hybrid.verify_window={k // 2 if verify else 0}",
+        f"predictor.verify_window={k // 2 if verify else 0}",
         f"predictor.outer_lr={eta}",
         f"predictor.outer_momentum={mu}",
-    ]
-
-
-def average(mu_x: float, mu_y: float) -> tuple[str, list[str]]:
-    return f"average_x{mu_x}_y{mu_y}", [
-        "predictor=average",
-        f"predictor.average_x={mu_x}",
-        f"predictor.average_y={mu_y}",
     ]
 
 
@@ -84,11 +75,6 @@ GRIDS: dict[str, list[tuple[str, list[str]]]] = {
     "chosen": [outer(20, 0.7, 0.5), outer(20, 0.7, 0.5, verify=False)],
     "chosen_verified": [outer(20, 0.7, 0.5)],
     "chosen_unverified": [outer(20, 0.7, 0.5, verify=False)],
-    "average_subset": [average(0.9934, 0.7), average(0.9967, 0.5)],
-    # mu_x for 16 / 32 / 64 DiLoCo inner steps, mu_y in {0.5, 0.7}
-    "average": [average(mu_x, mu_y) for mu_x, mu_y in itertools.product((0.9934, 0.9967, 0.9984), (0.5, 0.7))],
-    # the three of those that a first session did not run after the gradient-point fix
-    "average_rest": [average(0.9967, 0.7), average(0.9984, 0.5), average(0.9984, 0.7)],
 }
 
 

@@ -51,8 +51,7 @@ class HybridConfig:
             segment's rollback snapshot) exists. ``"per_step"``: only while a step captures its update and while a
             segment awaits its verdict, so between them ``linear`` holds one parameter copy (its average update);
             the allocation each captured step is reused memory on CUDA (the caching allocator) and measured no
-            slower on CPU. ``"kept"``: for the whole run. ``outer`` always keeps it (its anchor); ``average``
-            holds the trained weights in it while validation sees the average.
+            slower on CPU. ``"kept"``: for the whole run. ``outer`` always keeps it (its anchor).
         predict_precision: ``"32"`` runs Predict forward checks in the Trainer's precision; ``"bf16"`` runs them
             under bf16 autocast whatever the Trainer's precision. Updates are applied in the parameters' dtype.
     """

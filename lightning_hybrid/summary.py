@@ -29,8 +29,6 @@ class RunCounters:
     jumps_rejected: int = 0  # counted in `rollbacks` too
     jump_restarts: int = 0  # jumps not made: the cycle pointed against the outer momentum, which restarted
     jumps_blind: int = 0  # jumps not made: the cycle's losses spread too widely for the delayed verdict to judge
-    searches: int = 0  # probe-verified line searches
-    search_steps: int = 0  # repetitions of an update they kept
     invalid_plans: int = 0
     end_of_fit_rollbacks: int = 0  # segments still unverified when training ended
     nonfinite_steps_skipped: int = 0
@@ -43,8 +41,8 @@ class RunCounters:
 
     @property
     def predictions_made(self) -> int:
-        """Segments started, jumps made and search steps kept: the predictions a run made, whatever its family."""
-        return self.segments_started + self.jumps_made + self.search_steps
+        """Segments started and jumps made: the predictions a run made, whatever its family."""
+        return self.segments_started + self.jumps_made
 
     @property
     def backward_skipped_pct(self) -> float:
@@ -84,8 +82,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         + ", ".join(f"{k} {v}" for k, v in steps.items())
         + f" | backward skipped {summary['backward_skipped_pct']:.1f}%",
         f"hybrid: {summary['rollbacks']} rollbacks of {summary['segments_started']} predict segments and "
-        f"{summary['jumps_made']} jumps{_restarts(summary)}; {summary['search_steps']} steps kept by "
-        f"{summary['searches']} searches"
+        f"{summary['jumps_made']} jumps{_restarts(summary)}"
         f" | {summary['nonfinite_steps_skipped']} non-finite and {summary['outlier_steps_skipped']} exploding-gradient"
         f" steps skipped | {summary['backed_off_steps']} steps backed off",
         f"hybrid: wall {summary['wall_time_s']:.1f}s | " + ", ".join(f"{k} {v:.1f}s" for k, v in times.items()),

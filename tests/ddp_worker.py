@@ -18,7 +18,6 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_hybrid import HybridDDPStrategy, HybridFSDPStrategy, hybrid_callbacks
-from lightning_hybrid.predictors import LineSearch, PrimalAverage
 from tests.helpers import (
     FAST,
     FAST_PHASES,
@@ -37,10 +36,7 @@ RULES = {  # `outer` without the default's guards, then with each
     "outer_aligned": partial(snoo, alignment_window=2),
     "outer_norm": partial(snoo, keep_norms=True),
     "outer_restart": partial(snoo, restart=True),
-    "average": PrimalAverage,
 }
-SEARCH = {"every": 4, "max_interval": 16}  # a search every 4 steps while they pay
-SEARCHES = {"search": 1, "search_span": 4}  # kind -> span: along the last update, or the mean of the last 4
 STRATEGIES = {
     "ddp": HybridDDPStrategy,
     "fsdp": HybridFSDPStrategy,
@@ -72,8 +68,6 @@ def main(out_dir: str, kind: str, nodes: int = 1, resume: str | None = None) -> 
         callbacks = _callbacks("exploding")
     elif kind in RULES:
         callbacks = hybrid_callbacks(predictor=RULES[kind](), **RULE_PHASES)
-    elif kind in SEARCHES:
-        callbacks = hybrid_callbacks(predictor=LineSearch(**SEARCH, span=SEARCHES[kind]), warmup_steps=5)
     else:  # a learned predictor with the bandit timing steps in wall-clock seconds, which differ per rank
         callbacks = hybrid_callbacks(predictor=kind, **FAST_PHASES, **LEARNED[kind])
     extra: list[L.Callback] = [record]
@@ -90,7 +84,7 @@ def main(out_dir: str, kind: str, nodes: int = 1, resume: str | None = None) -> 
         logger=False,
         default_root_dir=out_dir,
     )
-    model = RegressionModel(scheduler=True, optimizer=optimizer or "adam", lr=1e-3 if kind in SEARCHES else 1e-2)
+    model = RegressionModel(scheduler=True, optimizer=optimizer or "adam", lr=1e-2)
     ckpt_path = resume if resume not in (None, "save") else None
     trainer.fit(model, loader(512, batch_size=16), ckpt_path=ckpt_path)  # 16 steps per epoch and rank
     scheduler = scheduler_of(trainer)
@@ -101,7 +95,7 @@ def main(out_dir: str, kind: str, nodes: int = 1, resume: str | None = None) -> 
             "first_batch": record.first_batch,
             "params": flat_params(model),
             "local_numel": sum(t.numel() for g in scheduler.predictor.predictor.directions() for t in g)
-            if kind not in (*RULES, *SEARCHES)
+            if kind not in RULES
             else None,
             "summary": scheduler.summary(),
             "monitor": scheduler.monitor.state_dict(),

@@ -32,7 +32,6 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_hybrid import hybrid_callbacks
-from lightning_hybrid.predictors import LineSearch
 from tests.helpers import RegressionModel, flat_params, hybrid_trainer, loader, phases, scheduler_of
 from tests.test_resume import _callbacks
 
@@ -46,8 +45,6 @@ OUTER = dict(predictor="outer", warmup_steps=4, full_steps=6, verify_window=3)
 OUTER.update(keep_norms=False, restart=False, verify_resolution=0)
 OUTER_REJECTING = dict(OUTER, outer_lr=1.5, outer_momentum=0.6)  # jumps rejected at once and after a delay
 DEFAULT_RULE = dict(warmup_steps=4, full_steps=6, verify_window=3)  # the defaults, on short cycles
-AVERAGE = dict(predictor="average", warmup_steps=4, full_steps=6, average_x=0.9, average_y=0.7)
-SEARCH = dict(predictor=LineSearch(every=4, max_interval=16), warmup_steps=5)  # searches kept at a low rate
 QUIET_LOGS = {"log_every_n_steps": 7}  # quiet steps are read at logging steps: most checkpoints hold unread ones
 
 
@@ -141,15 +138,21 @@ def checkpointed_run(
     return outcome(flat_params(module), scheduler_of(fit).summary(), logger)
 
 
-# Checkpoints written by earlier layouts of the hybrid state (tests/data/README.md), each with the run that resumes
-# it: (the hybrid callbacks, the model's and the Trainer's arguments). Every layout a landed commit wrote must
-# resume. `v1`: the scheduler before the engine; `v1_engine`: the engine assembled from mixins.
+# Checkpoints written by earlier code (tests/data/README.md), each with the run that resumes it: (the hybrid
+# callbacks, the model's and the Trainer's arguments). Every layout a landed commit wrote must resume. `v1`: the
+# scheduler before the engine; `v1_engine`: the engine assembled from mixins; `v2`: the release before this default.
 FIXTURES: dict[str, tuple[Callable[[], list], dict[str, Any], dict[str, Any]]] = {
     "state_v1_mid_segment.ckpt": (lambda: _callbacks("exploding", "offload"), {}, {}),
     "state_v1_engine_outer_jump_due.ckpt": (lambda: hybrid_callbacks(**OUTER_REJECTING), {"lr": 3e-2}, {}),
     "state_v1_engine_outer_pending.ckpt": (lambda: hybrid_callbacks(**OUTER_REJECTING), {"lr": 3e-2}, {}),
-    "state_v1_engine_average.ckpt": (lambda: hybrid_callbacks(**AVERAGE), {}, {}),
     "state_v1_engine_deferred.ckpt": (lambda: _callbacks("linear"), {"optimizer": "fused_adam"}, QUIET_LOGS),
+    # state version 2, written before `outer` with its guards became the default: both modes resume
+    "state_v2_outer_guarded_pending.ckpt": (
+        lambda: hybrid_callbacks(**DEFAULT_RULE, verify_resolution=0),
+        {"lr": 1e-2},
+        {},
+    ),
+    "state_v2_linear_mid_segment.ckpt": (lambda: _callbacks("linear"), {}, {}),
 }
 
 
@@ -192,13 +195,10 @@ def scenarios(root: Path) -> dict[str, Callable[[], dict]]:
         "outer_unverified": lambda: _rule(dict(OUTER, verify_window=0)),
         "default_rule": lambda: _rule(DEFAULT_RULE),  # some cycles too noisy to judge: those make no jump
         "default_rule_judging": lambda: _rule(dict(DEFAULT_RULE, verify_resolution=0), lr=1e-2),
-        "average": lambda: _rule(AVERAGE),
-        "search": lambda: _rule(SEARCH, lr=1e-3),
         "resume_mid_segment": lambda: _resume(root / "resume", lambda: _callbacks("exploding", "offload"), 14),
         "resume_outer_pending": lambda: _resume(
             root / "outer", lambda: hybrid_callbacks(**OUTER_REJECTING), 30, lr=3e-2
         ),
-        "resume_average": lambda: _resume(root / "average", lambda: hybrid_callbacks(**AVERAGE), 20),
         **{key: (lambda name=name: _resume_fixture(root / name, name)) for key, name in fixtures.items()},
         "ddp_accepting": lambda: _ranks(root / "ddp", "linear", "ddp"),
         "ddp_rolling_back": lambda: _ranks(root / "ddp_rb", "exploding", "ddp"),

@@ -181,15 +181,17 @@ FAST_PHASES = dict(
     predict_lr_fraction=1.0,
 )
 FAST = {**FAST_PHASES, "bandit": False, "predictor": "linear"}  # per-step prediction, whose phases these exercise
-# Trajectory rules on short cycles: a jump every 6 steps after 5 of warmup, judged over the next cycle's last 3, on
-# batches whose losses spread too widely for the default's limit (verify_resolution) to let the verdict judge: off.
-RULE_PHASES = dict(warmup_steps=5, full_steps=6, verify_window=3, verify_resolution=0.0)
+# The rule on short cycles: a jump every 6 steps after 5 of warmup, judged over the next cycle's last 3, on batches
+# whose losses spread too widely for the default's limit (verify_resolution) to let the verdict judge: off.
+RULE_PHASES = dict(warmup_steps=5, full_steps=6)
+RULE_VERDICT = dict(verify_window=3, verify_resolution=0.0)
+RULE = {**RULE_PHASES, **RULE_VERDICT}  # hybrid_callbacks(predictor="outer", **RULE)
 UNGUARDED = dict(keep_norms=False, restart=False)  # `outer` as SNOO publishes it, whose mechanism these tests pin
 
 
 def snoo(*args: Any, **kwargs: Any) -> OuterMomentum:
-    """``outer`` without the default's guards (each may be set again by keyword)."""
-    return OuterMomentum(*args, **{**UNGUARDED, **kwargs})
+    """``outer`` without the default's guards, with ``RULE_VERDICT`` (each may be set again by keyword)."""
+    return OuterMomentum(*args, **{**UNGUARDED, **RULE_VERDICT, **kwargs})
 
 
 def hybrid_trainer(

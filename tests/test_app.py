@@ -88,7 +88,7 @@ def test_compare_runs_plain_and_hybrid_with_the_same_seed(tmp_path, capsys):
 
 def test_the_quick_start_job_jumps_and_compare_reports_the_jumps(tmp_path, capsys):
     """The Quick start's main job (mode=compare, the default rule) shows prediction happening next to plain."""
-    base = [o for o in TRAINER if not o.startswith("predictor")] + ["hybrid.full_steps=3", "hybrid.verify_window=2"]
+    base = [o for o in TRAINER if not o.startswith("predictor")] + ["hybrid.full_steps=3", "predictor.verify_window=2"]
     base += ["predictor.restart=false"]  # 3 jumps: none left out by a turning cycle
     run(app_config(tmp_path, "mode=compare", base=base + SMALL_GPT))
     result = json.loads((tmp_path / "compare.json").read_text())
@@ -101,8 +101,9 @@ def test_the_quick_start_job_jumps_and_compare_reports_the_jumps(tmp_path, capsy
 
 # what the learning-rate harness measured as `outer_norm_restart_res` (docs/performance.md): the defaults must be it
 MEASURED_RULE = {"outer_lr": 0.7, "outer_momentum": 0.5, "alignment_window": 0, "keep_norms": True, "restart": True}
+MEASURED_RULE |= {"verify_window": 10, "verify_sigmas": 2.0, "verify_resolution": 0.2}
 MEASURED_PHASES = {"warmup_steps": 100, "full_steps": 20}
-MEASURED_MONITOR = {"verify_window": 10, "verify_sigmas": 2.0, "verify_resolution": 0.2, "z_threshold": 4.0}
+MEASURED_MONITOR = {"z_threshold": 4.0}
 
 
 def _measured(callbacks: list) -> None:
@@ -124,10 +125,10 @@ def test_the_defaults_are_the_measured_rule_in_python_and_in_the_app_and_overrid
     _measured(hybrid_callbacks())
     _measured(_build(default.hybrid, predictor=_build(default.predictor)))
     plain_outer = app_config(
-        tmp_path, "predictor.keep_norms=false", "predictor.restart=false", "hybrid.verify_resolution=0", base=[]
+        tmp_path, "predictor.keep_norms=false", "predictor.restart=false", "predictor.verify_resolution=0", base=[]
     )
     rule = _build(plain_outer.predictor)
-    assert not rule.keep_norms and not rule.restart and plain_outer.hybrid.verify_resolution == 0
+    assert not rule.keep_norms and not rule.restart and plain_outer.predictor.verify_resolution == 0
 
 
 def test_compare_without_prediction_gives_identical_runs(tmp_path):

@@ -24,7 +24,7 @@ STEPS = 24
 BASE = [o for o in TRAINER if not o.startswith(("callbacks=", "trainer.max_steps"))] + PHASES + SMALL_GPT
 BASE += [f"trainer.max_steps={STEPS}", "~callbacks.progress_bar"]
 BASE += ["callbacks.model_checkpoint.save_top_k=-1", "callbacks.model_checkpoint.monitor=null"]
-OUTER = [o for o in BASE if not o.startswith("predictor")] + ["predictor=outer", "hybrid.verify_window=2"]
+OUTER = [o for o in BASE if not o.startswith("predictor")] + ["predictor=outer", "predictor.verify_window=2"]
 
 
 def _run(out: Path, *overrides: str, predictor: str = "linear") -> None:

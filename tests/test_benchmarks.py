@@ -143,9 +143,9 @@ def test_quick_overheads_time_every_component(tmp_path):
     assert set(overhead["steady_ratios"]) == set(overhead["ratios"])
     for label, fits in overhead["seconds"].items():  # one steady step is a part of its fit
         assert all(0 < step < fit for step, fit in zip(overhead["steady_step_seconds"][label], fits, strict=True))
-    rules = result["rule_overhead"]  # past the warmup: outer_norm jumps and search searches, every backward kept
-    assert {mode: len(r) for mode, r in rules["ratios"].items()} == {"outer_norm": 1, "search": 1, "outer_aside": 1}
-    assert rules["kept"]["outer_norm"][0]["jumps"] > 0 and rules["kept"]["search"][0]["searches"] > 0
+    rules = result["rule_overhead"]  # past the warmup: outer_norm jumps, every backward kept
+    assert {mode: len(r) for mode, r in rules["ratios"].items()} == {"outer_norm": 1, "outer_aside": 1}
+    assert rules["kept"]["outer_norm"][0]["jumps"] > 0
     aside = rules["kept"]["outer_aside"][0]
     assert aside["jumps"] == 0 and aside["blind"] > 0
     memory = result["memory"]
@@ -153,7 +153,7 @@ def test_quick_overheads_time_every_component(tmp_path):
     assert runs["linear_predicting"]["predicted_steps"] > 0 and "predicted_steps" not in runs["plain"]
     assert runs["linear_tracking"]["predicted_steps"] == 0
     assert {run["param_bytes"] for run in runs.values()} == {4 * profile["params"]}
-    labels = {f"linear_{m}{b}" for m in ("tracking", "predicting") for b in ("", "_per_step")} | {"outer", "average"}
+    labels = {f"linear_{m}{b}" for m in ("tracking", "predicting") for b in ("", "_per_step")} | {"outer"}
     assert set(memory["in_parameter_copies"]) == labels
     text = (tmp_path / "overheads.md").read_text()
     assert all(label in text for label in COMPONENTS)
@@ -221,8 +221,9 @@ def test_sweep_trains_one_baseline_per_seed_for_all_its_settings(tmp_path, monke
     monkeypatch.setattr(sweep, "fit", lambda cfg, hybrid, **kw: baselines.append(hybrid) or fit(cfg, hybrid, **kw))
     out = tmp_path / "sweep"
     settings = [
-        "predictor=outer hybrid.warmup_steps=5 hybrid.full_steps=10 hybrid.verify_window=5",
-        "predictor=average",
+        "predictor=outer predictor.keep_norms=false predictor.restart=false predictor.verify_resolution=0"
+        " hybrid.warmup_steps=5 hybrid.full_steps=10 predictor.verify_window=5",
+        "predictor=linear",
     ]
     sweep.main(
         ["--task", "digits_cnn", "--steps", "40", "--seeds", "2", "--out", str(out)]

@@ -76,7 +76,7 @@ def test_back_off_pauses_double_until_a_segment_is_accepted():
     assert not policy.backed_off(30, [1.0])
     policy.decline(40)  # the first declined cycle after a pause starts the next, twice as long
     assert policy.backoff_until == 60
-    policy.segment_accepted()
+    policy.prediction_accepted()
     policy.decline(70)
     assert not policy.backed_off(71, [1.0])  # accepted: back to `backoff_after` declines before a pause
 
@@ -95,7 +95,7 @@ def test_the_learning_rate_gate_opens_once_every_group_has_decayed():
 def test_repeated_failures_switch_prediction_off_once():
     policy = PredictionPolicy(HybridConfig(max_consecutive_rollbacks=3, predict_lr_fraction=1.0))
     policy.start([1.0])
-    assert [policy.segment_failed() for _ in range(5)] == [False, False, True, False, False]
+    assert [policy.prediction_failed() for _ in range(5)] == [False, False, True, False, False]
     assert policy.backed_off(0, [1.0])
     assert PredictionPolicy(HybridConfig(enable_prediction=False)).backed_off(0, [])
 

@@ -19,7 +19,7 @@ from lightning_hybrid.predictors import OuterMomentum
 from tests.faults.common import FaultyModel
 from tests.helpers import (
     FAST,
-    RULE_PHASES,
+    RULE,
     UNGUARDED,
     RegressionModel,
     flat_params,
@@ -31,7 +31,7 @@ from tests.helpers import (
 
 PACKAGE = str(Path(lightning_hybrid.__file__).parent)
 HOST_READS = ("item", "tolist", "__float__", "__bool__", "__int__")
-OUTER = {"predictor": "outer", **RULE_PHASES, **UNGUARDED}  # the mechanism, without the guards
+OUTER = {"predictor": "outer", **RULE, **UNGUARDED}  # the mechanism, without the guards
 
 
 class HostReads(L.Callback):

@@ -56,13 +56,13 @@ def test_the_readme_yaml_trains_an_unchanged_module_with_the_default_rule(tmp_pa
 
 def test_the_readme_yaml_with_short_cycles_steps_aside_on_noise_and_jumps_where_told_to_judge_anyway(tmp_path):
     """This regression's batch losses spread too widely for the verdict (the default steps aside, as on digits);
-    with the monitor's limit off, the same YAML jumps."""
+    with the rule's limit off, the same YAML jumps."""
     yaml = readme_yaml().replace("warmup_steps: 100", "warmup_steps: 5").replace("full_steps: 20", "full_steps: 10")
     trainer = _fit(tmp_path / "aside", yaml, 40).trainer
     summary = scheduler_of(trainer).summary(trainer)
     assert summary["jumps_blind"] >= 1 and summary["jumps_made"] == 0 and summary["backward_passes"] == 40
-    monitor = "    - class_path: lightning_hybrid.DivergenceMonitor\n      init_args:\n        verify_resolution: 0\n"
-    trainer = _fit(tmp_path / "judged", yaml + monitor, 40).trainer
+    rule = "    - class_path: lightning_hybrid.DynamicsPredictor\n      init_args:\n        predictor_kwargs:\n"
+    trainer = _fit(tmp_path / "judged", yaml + rule + "          verify_resolution: 0\n", 40).trainer
     summary = scheduler_of(trainer).summary(trainer)
     assert summary["jumps_made"] >= 1 and summary["jumps_blind"] == 0 and summary["backward_passes"] == 40
 

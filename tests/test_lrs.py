@@ -26,19 +26,19 @@ def test_sweep_grid_and_report_on_a_tiny_task(tiny):
     best = lrs.sweep("tiny")
     assert best == lrs.tuned("tiny")
     assert len(list((tiny / "tiny").glob("*_plain.json"))) == len(lrs.SWEEP)
-    plan = lrs.grid_plan("tiny", ["search", "ema", "schedulefree", "nudged"])
+    plan = lrs.grid_plan("tiny", ["outer_norm", "ema", "schedulefree", "nudged"])
     assert [(round(lr / best, 3), configs) for lr, _, configs in plan] == [
-        (0.333, ["search", "ema", "schedulefree", "nudged"]),
-        (1.0, ["search", "ema", "schedulefree", "nudged"]),
-        (3.0, ["search", "nudged"]),
+        (0.333, ["outer_norm", "ema", "schedulefree", "nudged"]),
+        (1.0, ["outer_norm", "ema", "schedulefree", "nudged"]),
+        (3.0, ["outer_norm", "nudged"]),
     ]
-    lrs.grid("tiny", ["search", "ema", "schedulefree"])
+    lrs.grid("tiny", ["outer_norm", "ema", "schedulefree"])
     files = sorted(p.name for p in (tiny / "tiny").glob("*.json"))
-    assert sum(name.endswith("_search.json") for name in files) == 3
+    assert sum(name.endswith("_outer_norm.json") for name in files) == 3
     assert sum(name.endswith(("_ema.json", "_schedulefree.json")) for name in files) == 4
     assert all("finished" in json.loads(p.read_text()) for p in (tiny / "tiny").glob("*.json"))
     stamp = {p: p.stat().st_mtime_ns for p in (tiny / "tiny").glob("*.json")}
-    lrs.grid("tiny", ["search", "ema", "schedulefree"])  # nothing left to run: no file rewritten
+    lrs.grid("tiny", ["outer_norm", "ema", "schedulefree"])  # nothing left to run: no file rewritten
     assert {p: p.stat().st_mtime_ns for p in (tiny / "tiny").glob("*.json")} == stamp
     lrs.grid("tiny", ["nudged"])  # the control: plain, at 1.001x each rate
     for lr, _, _ in plan:
@@ -52,7 +52,7 @@ def test_sweep_grid_and_report_on_a_tiny_task(tiny):
             p["val_loss"] for p in plain["points"]
         ]
     text = lrs_report.report(["tiny"])
-    assert "plain at the tuned lr" in text and "`search`" in text and "`schedulefree`" in text
+    assert "plain at the tuned lr" in text and "`outer_norm`" in text and "`schedulefree`" in text
     assert "| `nudged` (control: plain at 1.001x the rate) | 3 |" in text
     assert "| `rerun` (control: plain run again) | 3 |" in text
     assert (tiny / "tiny.md").exists() and (tiny / "tiny.png").stat().st_size > 0

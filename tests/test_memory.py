@@ -225,22 +225,6 @@ def test_the_default_capture_buffer_is_per_step_and_outer_always_keeps_it():
     assert probe.kept == {True} and all(held for held, _ in probe.held)  # the anchor of outer's cycles lives in it
 
 
-@pytest.mark.parametrize("capture_buffer", ["kept", "per_step"])
-def test_average_holds_the_trained_weights_only_while_validation_sees_the_average(capture_buffer):
-    def run(mode: str):
-        probe = BufferProbe()
-        average = hybrid_callbacks("average", capture_buffer=mode, warmup_steps=5)
-        trainer, _ = hybrid_trainer(40, hybrid=average, extra_callbacks=[probe], logger=False, val_check_interval=4)
-        model = RegressionModel()
-        trainer.fit(model, loader(), loader())
-        return flat_params(model), probe
-
-    reference, _ = run("kept")
-    params, probe = run(capture_buffer)
-    assert torch.equal(params, reference)  # validation saw the average and training went on from its own weights
-    assert all(held == (capture_buffer == "kept") for held, _ in probe.held)
-
-
 def test_capture_buffer_rejects_an_unknown_mode():
     with pytest.raises(ValueError, match=r"capture_buffer.*'kept', 'per_step'"):
         HybridConfig(capture_buffer="never")

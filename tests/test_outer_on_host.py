@@ -10,7 +10,7 @@ from lightning_hybrid import Phase, hybrid_callbacks
 from lightning_hybrid.offload import HostHeld
 from lightning_hybrid.predictors import OuterMomentum
 from tests.faults.common import FaultyModel
-from tests.helpers import RULE_PHASES, flat_params, hybrid_trainer, loader, scheduler_of
+from tests.helpers import RULE_PHASES, RULE_VERDICT, flat_params, hybrid_trainer, loader, scheduler_of
 
 
 def test_host_held_tensors_reach_the_device_only_while_in_use_and_come_back_only_when_written():
@@ -56,7 +56,7 @@ class HeldWatch(L.Callback):
 
 def _run(on_host: bool, faults: dict) -> tuple:
     watch = HeldWatch()
-    rule = OuterMomentum(keep_norms=True, restart=True, alignment_window=3, state_on_host=on_host)
+    rule = OuterMomentum(keep_norms=True, restart=True, alignment_window=3, state_on_host=on_host, **RULE_VERDICT)
     trainer, _ = hybrid_trainer(60, hybrid=hybrid_callbacks(predictor=rule, **RULE_PHASES), extra_callbacks=[watch])
     model = FaultyModel(faults)
     trainer.fit(model, loader())

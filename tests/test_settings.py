@@ -3,7 +3,7 @@
 import pytest
 
 from lightning_hybrid import DivergenceMonitor, DynamicsPredictor, HybridConfig, ResidualCorrector, hybrid_callbacks
-from lightning_hybrid.predictors import LinearPredictor
+from lightning_hybrid.predictors import LinearPredictor, OuterMomentum
 
 
 @pytest.mark.parametrize(
@@ -34,7 +34,7 @@ def test_max_predict_steps_zero_is_fine_when_prediction_is_off():
 
 
 def test_unknown_predictor_name():
-    known = "'average', 'linear', 'mlp', 'outer', 'rssm', 'search'"
+    known = "'linear', 'mlp', 'outer', 'rssm'"
     with pytest.raises(ValueError, match=rf"`predictor` must be one of {known}, got 'oracle'"):
         hybrid_callbacks(predictor="oracle")
     with pytest.raises(ValueError, match="'oracle'"):
@@ -80,7 +80,8 @@ def test_settings_reach_their_component():
     [
         (lambda: DivergenceMonitor(z_threshold=0), "`z_threshold`"),
         (lambda: DivergenceMonitor(oscillation_window=-1), "`oscillation_window`"),
-        (lambda: DivergenceMonitor(verify_resolution=-0.1), "`verify_resolution` must be a finite number in"),
+        (lambda: OuterMomentum(verify_resolution=-0.1), "`verify_resolution` must be a finite number in"),
+        (lambda: OuterMomentum(verify_window=-1), "`verify_window`"),
         (lambda: ResidualCorrector(max_correction_factor=0.5), "`max_correction_factor`"),
         (lambda: ResidualCorrector(time_decay=0.0), "`time_decay`"),
         (lambda: ResidualCorrector(neighbours=0), "`neighbours`"),

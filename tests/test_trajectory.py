@@ -1,6 +1,6 @@
-"""Trajectory rules (``outer``, ``average``): the jump arithmetic against a reference, delayed verification on a
-river-valley loss, and what a Lightning run sees (plain training at eta=1, mu=0, exact resume inside a verification
-window, DDP ranks, validation and checkpoints at the average, settings refused by name)."""
+"""The ``outer`` rule: the jump arithmetic against a reference, delayed verification on a river-valley loss, the
+guards, and what a Lightning run sees (plain training at eta=1, mu=0, exact resume inside a verification window,
+DDP ranks, settings refused by name)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import nn
 
-from lightning_hybrid import HybridConfig, HybridScheduler, hybrid_callbacks
+from lightning_hybrid import HybridConfig, hybrid_callbacks
 from lightning_hybrid.algorithms import DivergenceCheck
-from lightning_hybrid.predictors import OuterMomentum, PrimalAverage
+from lightning_hybrid.predictors import OuterMomentum
 from lightning_hybrid.summary import format_summary
 from tests.helpers import (
     RULE_PHASES,
@@ -62,11 +62,10 @@ def test_outer_jumps_match_a_reference_snoo_loop_over_several_cycles():
     engine, _ = engine_loop(
         model,
         optimizer,
-        snoo(eta, mu),
+        snoo(eta, mu, verify_window=0),
         steps,
         regression_batches(),
         config,
-        DivergenceCheck(verify_window=0),
     )
     ref = small_net()
     ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
@@ -104,17 +103,13 @@ def test_outer_jumps_match_a_reference_snoo_loop_over_several_cycles():
         (snoo(0.7, 0.5, alignment_window=3), 0, "per_step", 3),  # which it holds without verification
         (snoo(0.7, 0.0), 0, "per_step", 1),  # Lookahead: the anchor alone
         (snoo(0.7, 0.5, state_on_host=True), 5, "per_step", 1),  # b and the last jump wait on the host
-        (PrimalAverage(), 5, "per_step", 1),  # x; the buffer holds y only while validation sees x
-        (PrimalAverage(), 5, "kept", 2),  # x, and the buffer kept for the run
     ],
 )
 def test_parameter_copies_each_rule_holds(rule, window, capture, copies):
     model = small_net()
     config = HybridConfig(warmup_steps=2, full_steps=5, capture_buffer=capture)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    engine, _ = engine_loop(
-        model, optimizer, rule, 12, regression_batches(), config, DivergenceCheck(verify_window=window)
-    )
+    engine, _ = engine_loop(model, optimizer, judged(rule, window), 12, regression_batches(), config)
     held = [*engine.store.buffer, *getattr(rule, "_b", []), *getattr(rule, "_jump", []), *getattr(rule, "_x", [])]
     held += [t for h in getattr(rule, "_held", {}).values() for t in h._on_device or []]  # brought to the device
     numel = sum(p.numel() for p in model.parameters())
@@ -164,13 +159,18 @@ class FixedJump(OuterMomentum):
         self.points.append((before, params[0].detach().clone()))
 
 
+def judged(rule, window, resolution=0.0):
+    """``rule`` with this test's delayed verdict: windows of ``window`` steps, no limit on their spread unless
+    ``resolution`` is given."""
+    rule.verify_window, rule.verify_resolution = window, resolution
+    return rule
+
+
 def valley_run(rule, steps=66, verify_window=5):
     model = Valley()
     config = HybridConfig(warmup_steps=5, full_steps=10)
-    monitor = DivergenceCheck(verify_window=verify_window)
-    engine, losses = engine_loop(
-        model, torch.optim.SGD(model.parameters(), lr=LR), rule, steps, valley_batches(), config, monitor
-    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    engine, losses = engine_loop(model, optimizer, judged(rule, verify_window), steps, valley_batches(), config)
     return engine, losses, model.w.detach()
 
 
@@ -291,10 +291,9 @@ def target_run(restart, target, steps=66):
     """SGD halfway to ``target(step)`` each step, under ``outer`` (cycles of 10 after 5 warmup steps)."""
     model = Valley()
     config = HybridConfig(warmup_steps=5, full_steps=10)
-    rule = snoo(restart=restart)
+    rule = snoo(restart=restart, verify_window=0)
     batches = lambda step: lambda m: 0.5 * ((m.w - target(step)) ** 2).sum()  # noqa: E731
-    optimizer, monitor = torch.optim.SGD(model.parameters(), lr=0.5), DivergenceCheck(verify_window=0)
-    engine, _ = engine_loop(model, optimizer, rule, steps, batches, config, monitor)
+    engine, _ = engine_loop(model, torch.optim.SGD(model.parameters(), lr=0.5), rule, steps, batches, config)
     return engine.record.counters, model.w.detach()
 
 
@@ -325,12 +324,12 @@ def test_lookahead_under_the_default_guards_jumps_every_cycle_with_nothing_to_re
 
 
 def test_the_verdicts_margin_against_the_loss_decides_whether_it_can_judge():
-    check = DivergenceCheck(verify_window=8, verify_sigmas=2.0, verify_resolution=0.2)  # margin = 2 * spread / 2
-    assert check.blind(mean=1.0, spread=0.3) and check.blind(mean=-1.0, spread=0.3)
-    assert not check.blind(mean=1.0, spread=0.1)
-    assert DivergenceCheck(verify_window=8).blind(mean=1.0, spread=0.3)  # the default limit: 0.2
-    assert not DivergenceCheck(verify_window=8, verify_resolution=0).blind(mean=1.0, spread=100.0)  # 0: no limit
-    assert not DivergenceCheck(verify_window=0, verify_resolution=0.2).blind(mean=1.0, spread=100.0)
+    rule = OuterMomentum(verify_window=8, verify_sigmas=2.0, verify_resolution=0.2)  # margin = 2 * spread / 2
+    assert rule.blind(mean=1.0, spread=0.3) and rule.blind(mean=-1.0, spread=0.3)
+    assert not rule.blind(mean=1.0, spread=0.1)
+    assert OuterMomentum(verify_window=8).blind(mean=1.0, spread=0.3)  # the default limit: 0.2
+    assert not OuterMomentum(verify_window=8, verify_resolution=0).blind(mean=1.0, spread=100.0)  # 0: no limit
+    assert not OuterMomentum(verify_window=0, verify_resolution=0.2).blind(mean=1.0, spread=100.0)
 
 
 def noisy_target_run(resolution, noisy_from, rule=None, steps=66):
@@ -341,9 +340,8 @@ def noisy_target_run(resolution, noisy_from, rule=None, steps=66):
     config = HybridConfig(warmup_steps=5, full_steps=10)
     noise = lambda step: 0.0 if step < noisy_from else (-1.0) ** step  # noqa: E731
     batches = lambda step: lambda m: 0.5 * ((m.w - 0.1 * step) ** 2).sum() + noise(step)  # noqa: E731
-    monitor = DivergenceCheck(verify_window=4, verify_resolution=resolution)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    engine, _ = engine_loop(model, optimizer, rule or snoo(), steps, batches, config, monitor)
+    engine, _ = engine_loop(model, optimizer, judged(rule or snoo(), 4, resolution), steps, batches, config)
     return engine.record.counters, model.w.detach()
 
 
@@ -398,7 +396,7 @@ def test_a_lightning_run_whose_verdict_cannot_judge_any_cycle_trains_plainly_and
     """The monitor's ``verify_resolution`` reaches the jumps through ``hybrid_callbacks``: a limit below every
     window's margin (16-sample batches of noise) makes no jump, and the weights are plain Lightning's."""
     plain, _ = fit_regression([], strategy=False)
-    callbacks = hybrid_callbacks(predictor="outer", **{**RULE_PHASES, "verify_resolution": 1e-6})
+    callbacks = hybrid_callbacks(predictor="outer", **RULE_PHASES, verify_window=3, verify_resolution=1e-6)
     model, trainer = fit_regression(callbacks)
     counters = scheduler_of(trainer).counters
     assert (counters.jumps_made, counters.jumps_blind) == (0, (40 - 5) // 6 - 1)
@@ -453,9 +451,7 @@ def test_no_jump_is_made_that_fit_cannot_verify(max_steps):
     assert summary["jumps_made"] == sum(end + 6 <= max_steps for end in ends)
     assert summary["rollback_reasons"]["end_of_fit"] == 0
     assert torch.equal(watch.seen, flat_params(model))
-    _, unverified = fit_regression(
-        hybrid_callbacks(predictor=snoo(), **{**RULE_PHASES, "verify_window": 0}), steps=max_steps
-    )
+    _, unverified = fit_regression(hybrid_callbacks(predictor=snoo(verify_window=0), **RULE_PHASES), steps=max_steps)
     assert scheduler_of(unverified).counters.jumps_made == sum(end < max_steps for end in ends)
 
 
@@ -473,60 +469,15 @@ def test_no_jump_lands_on_a_parameter_frozen_between_the_cycles_end_and_the_jump
     assert scheduler_of(trainer).counters.jumps_made >= 2  # jumps went on after the set was tracked again
 
 
-def test_average_takes_gradients_at_y_and_its_mixing_weight_matters():
-    """Lightning runs the closure (forward and backward) inside ``optimizer.step``: the weights must still be ``y``
-    there, the point between the average and the optimizer's sequence, and only the update goes to ``z``."""
-
-    class AtForward(RegressionModel):
-        def training_step(self, batch, batch_idx):
-            self.seen = flat_params(self)
-            return super().training_step(batch, batch_idx)
-
-    class AfterStep(L.Callback):
-        def __init__(self):
-            self.pairs, self.y = [], None
-
-        def on_train_batch_start(self, trainer, pl_module, batch, idx):
-            self.y = flat_params(pl_module)  # y, as the previous step left it
-
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, idx):
-            self.pairs.append((self.y, pl_module.seen))
-
-    finals = {}
-    for mu_y in (0.3, 0.7):
-        watch = AfterStep()
-        trainer, _ = hybrid_trainer(
-            20,
-            hybrid=hybrid_callbacks(predictor=PrimalAverage(0.9, mu_y), **RULE_PHASES),
-            logger=False,
-            extra_callbacks=[watch],
-        )
-        model = AtForward()
-        trainer.fit(model, loader(64, batch_size=16))
-        assert len(watch.pairs) == 20
-        assert all(torch.equal(before, seen) for before, seen in watch.pairs)
-        finals[mu_y] = flat_params(model)
-    assert not torch.allclose(finals[0.3], finals[0.7], atol=1e-4)  # where gradients are taken changes training
-
-
-@pytest.mark.parametrize("predictor", [snoo(), PrimalAverage()], ids=["outer", "average"])
-def test_rules_run_under_manual_optimization(predictor):
-    steps_on_z = []
-    if isinstance(predictor, PrimalAverage):
-        to_y = predictor.to_gradient_point
-        predictor.to_gradient_point = lambda params: steps_on_z.append(1) or to_y(params)
-    trainer, _ = hybrid_trainer(40, hybrid=hybrid_callbacks(predictor=predictor, **RULE_PHASES), logger=False)
+def test_outer_runs_under_manual_optimization():
+    trainer, _ = hybrid_trainer(40, hybrid=hybrid_callbacks(predictor=snoo(), **RULE_PHASES), logger=False)
     model = RegressionModel(automatic=False, scheduler=False)
     start = flat_params(model)
     trainer.fit(model, loader(64, batch_size=16))
     engine = scheduler_of(trainer).engine
     assert model.backward_calls == 40 and torch.isfinite(flat_params(model)).all()
     assert not torch.equal(flat_params(model), start)
-    if isinstance(predictor, OuterMomentum):
-        assert engine.record.counters.jumps_made == (40 - 5) // 6 - 1  # the last one: no time to verify
-    else:  # every optimizer step after warmup, taken by the user's own `opt.step()`, went through the rule
-        assert len(steps_on_z) == 40 - 5
-        assert all(torch.equal(p, x) for p, x in zip(model.parameters(), engine.parts.predictor.average))
+    assert engine.record.counters.jumps_made == (40 - 5) // 6 - 1  # the last one: no time to verify
 
 
 def _checkpointed_run(root, predictor, ckpt_path=None, batch_size=16, **settings):
@@ -580,7 +531,6 @@ def _rule_state(path):
 RELEASED = {
     "outer": lambda: snoo(keep_norms=True, restart=True),
     "state-on-host": lambda: snoo(keep_norms=True, restart=True, state_on_host=True),
-    "average": lambda: PrimalAverage(),
 }
 
 
@@ -591,7 +541,7 @@ def test_after_fit_a_rule_lets_its_copies_go_keeps_its_state_for_checkpoints_and
     checkpoint in a second ``fit`` exactly as a fresh one does (it once restored it, then set it up afresh)."""
     rule = RELEASED[kind]()
     model, trainer = _checkpointed_run(tmp_path / "full", rule)
-    held = [rule._x] if kind == "average" else [rule._b, rule._jump, list(rule._held.values())]
+    held = [rule._b, rule._jump, list(rule._held.values())]
     assert not any(held)
     last = _rule_state(tmp_path / "full" / "ckpt" / "step=40.ckpt")
     trainer.save_checkpoint(tmp_path / "after.ckpt")
@@ -609,12 +559,12 @@ def test_after_fit_a_rule_lets_its_copies_go_keeps_its_state_for_checkpoints_and
 def test_resume_across_cycles_too_noisy_to_judge_is_bitwise_exact(tmp_path):
     """A limit that some of this run's windows pass and some do not (one jump made, two cycles too noisy, one
     restart): resumed from each checkpoint, the same decisions and the same weights."""
-    rule = lambda: snoo(keep_norms=True, restart=True)  # noqa: E731
-    model, trainer = _checkpointed_run(tmp_path / "full", rule(), verify_resolution=0.4)
+    rule = lambda: snoo(keep_norms=True, restart=True, verify_resolution=0.4)  # noqa: E731
+    model, trainer = _checkpointed_run(tmp_path / "full", rule())
     want = scheduler_of(trainer).summary()
     assert (want["jumps_made"], want["jumps_blind"], want["jump_restarts"]) == (1, 2, 1)
     for path in sorted((tmp_path / "full" / "ckpt").glob("*.ckpt"))[:-1]:
-        resumed, again = _checkpointed_run(tmp_path / path.stem, rule(), ckpt_path=path, verify_resolution=0.4)
+        resumed, again = _checkpointed_run(tmp_path / path.stem, rule(), ckpt_path=path)
         assert torch.equal(flat_params(resumed), flat_params(model)), path.name
         got = scheduler_of(again).summary()
         assert [got[k] for k in ("jumps_made", "jumps_blind", "jump_restarts")] == [1, 2, 1], path.name
@@ -652,53 +602,6 @@ def test_resume_inside_an_outer_verification_window_is_bitwise_exact(tmp_path, k
         assert any(_engine_state(path)[1]["family"]["alignments"] for path in inside)
 
 
-def test_average_validation_and_checkpoints_see_the_average_and_resume_bitwise(tmp_path):
-    seen = []
-
-    class Watch(L.Callback):
-        def on_validation_epoch_start(self, trainer, pl_module):
-            rule = scheduler_of(trainer).predictor.predictor
-            if scheduler_of(trainer).engine.family.started:
-                seen.append(all(torch.equal(p, x) for p, x in zip(pl_module.parameters(), rule.average)))
-
-    trainer, _ = hybrid_trainer(
-        40,
-        hybrid=hybrid_callbacks(predictor=PrimalAverage(0.9, 0.7), **RULE_PHASES),
-        extra_callbacks=[
-            Watch(),
-            ModelCheckpoint(dirpath=tmp_path / "ckpt", save_top_k=-1, every_n_train_steps=4, filename="{step}"),
-        ],
-        logger=False,
-        enable_checkpointing=True,
-        default_root_dir=tmp_path,
-        val_check_interval=4,
-        check_val_every_n_epoch=None,
-    )
-    model = RegressionModel(scheduler=True)
-    trainer.fit(model, loader(64, batch_size=16), loader(32, batch_size=16))
-    assert len(seen) >= 5 and all(seen)
-    rule = scheduler_of(trainer).predictor.predictor
-    assert all(torch.equal(p, x) for p, x in zip(model.parameters(), rule.average))  # fit hands back the average
-    path = tmp_path / "ckpt" / "step=20.ckpt"
-    checkpoint = torch.load(path, weights_only=False)
-    assert "current_model_state" in checkpoint
-    held = torch.cat([v.flatten() for v in checkpoint["state_dict"].values()])
-    trained = torch.cat([v.flatten() for v in checkpoint["current_model_state"].values()])
-    assert not torch.equal(held, trained)
-    average = next(v for k, v in checkpoint["callbacks"].items() if "DynamicsPredictor" in k)["predictor"]["x"]
-    assert torch.equal(held, torch.cat([t.flatten() for t in average]))
-    resumed_trainer, _ = hybrid_trainer(
-        40,
-        hybrid=hybrid_callbacks(predictor=PrimalAverage(0.9, 0.7), **RULE_PHASES),
-        logger=False,
-        val_check_interval=4,
-        check_val_every_n_epoch=None,
-    )
-    resumed = RegressionModel(scheduler=True)
-    resumed_trainer.fit(resumed, loader(64, batch_size=16), loader(32, batch_size=16), ckpt_path=path)
-    assert torch.equal(flat_params(resumed), flat_params(model))
-
-
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
@@ -731,22 +634,15 @@ def test_bad_outer_settings_are_refused_when_built(kwargs, name):
         OuterMomentum(**kwargs)
 
 
-@pytest.mark.parametrize(("kwargs", "name"), [(dict(average_x=1.0), "average_x"), (dict(average_y=-0.1), "average_y")])
-def test_bad_average_settings_are_refused_when_built(kwargs, name):
-    with pytest.raises(ValueError, match=name):
-        PrimalAverage(**kwargs)
-
-
 def test_rules_leave_the_bandit_out_by_default_and_per_step_predictors_keep_it():
     assert not any(type(cb).__name__ == "HorizonBandit" for cb in hybrid_callbacks(predictor="outer"))
     assert any(type(cb).__name__ == "HorizonBandit" for cb in hybrid_callbacks(predictor="linear"))
-    assert isinstance(hybrid_callbacks(predictor="average")[0], HybridScheduler)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "kind",
-    ["outer", "outer_aligned", "outer_norm", "outer_restart-fused_adam", "average"],
+    ["outer", "outer_aligned", "outer_norm", "outer_restart-fused_adam"],
 )  # with fused Adam, `outer`'s steps are quiet: guarded on the device, their readings reduced over ranks there
 def test_ddp_ranks_stay_identical_under_a_rule(tmp_path, kind):
     from tests.test_ddp import run_ranks

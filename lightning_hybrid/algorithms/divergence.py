@@ -21,11 +21,9 @@ class DivergenceCheck:
     warmup/full statistics exceeds ``z_threshold``; and oscillation, i.e. the last ``oscillation_window`` loss
     changes inside the segment alternate in sign and each exceeds ``oscillation_sigmas`` noise deviations.
 
-    A trajectory rule's jump (``predictor="outer"``) is judged twice: on the first ordinary step after it, only for
-    divergence (a non-finite loss or a z-score above ``z_threshold``), and over a delayed window: the mean loss of
-    the last ``verify_window`` steps of the Full cycle after the jump, against the same window of the cycle before
-    it. A useful jump often raises the loss at first and pays once the optimizer has settled, so
-    judging it right after would reject exactly those.
+    A jump of the default rule (``outer``) is judged twice: on the first ordinary step after it, only for divergence
+    (a non-finite loss or a z-score above ``z_threshold``), and at the end of the next cycle by the delayed verdict,
+    whose settings are the rule's (:class:`~lightning_hybrid.predictors.OuterMomentum`); both are counted here.
 
     Args:
         z_threshold: largest tolerated z-score of a predicted-step loss (> 0).
@@ -35,15 +33,6 @@ class DivergenceCheck:
         grad_outlier_factor: an ordinary step whose gradient norm exceeds this many times the running mean (once
             10 steps are known) is skipped, so one exploding gradient cannot wreck the optimizer's moments;
             0 disables the check.
-        verify_window: ordinary steps at the end of the Full cycle after a jump whose mean loss keeps or rolls back
-            the jump (at most ``full_steps``); 0 keeps every jump unchecked and holds no copy of it.
-        verify_sigmas: a jump is rolled back when that mean exceeds the window's mean before the jump by more than
-            this many standard errors (> 0).
-        verify_resolution: the widest margin, as a fraction of the window's mean loss, at which that verdict still
-            judges (>= 0; 0: no limit). Where a cycle's losses spread so widely that a jump raising the loss by more
-            than this fraction would still pass, the verdict is blind and no jump is made. For losses bounded below
-            by 0 (cross-entropy, squared error), whose level says how much room is left; set 0 for a loss that can
-            be negative or sits near 0 by construction.
     """
 
     def __init__(
@@ -53,9 +42,6 @@ class DivergenceCheck:
         oscillation_sigmas: float = 1.5,
         stats_decay: float = 0.98,
         grad_outlier_factor: float = 100.0,
-        verify_window: int = 10,
-        verify_sigmas: float = 2.0,
-        verify_resolution: float = 0.2,
     ) -> None:
         owner = "DivergenceMonitor"  # the name users configure it by
         self.z_threshold = check_float(owner, "z_threshold", z_threshold, 0.0, open_low=True)
@@ -63,9 +49,6 @@ class DivergenceCheck:
         self.oscillation_sigmas = check_float(owner, "oscillation_sigmas", oscillation_sigmas, 0.0)
         self.stats_decay = check_float(owner, "stats_decay", stats_decay, 0.0, 1.0 - 1e-12)
         self.grad_outlier_factor = check_float(owner, "grad_outlier_factor", grad_outlier_factor, 0.0)
-        self.verify_window = check_int(owner, "verify_window", verify_window, 0)
-        self.verify_sigmas = check_float(owner, "verify_sigmas", verify_sigmas, 0.0, open_low=True)
-        self.verify_resolution = check_float(owner, "verify_resolution", verify_resolution, 0.0)
         self.loss_stats = EmaStats(stats_decay)
         self.grad_norm_stats = EmaStats(stats_decay)
         self.events = {reason: 0 for reason in REASONS}
@@ -109,28 +92,17 @@ class DivergenceCheck:
             self.events[reason] += 1
         return reason
 
-    def judge_window(self, before: float, after: float, spread: float) -> str | None:
+    def judge_window(self, before: float, after: float, tolerance: float) -> str | None:
         """The delayed verdict on a jump: ``after`` is the mean loss of the verification window after it, ``before``
-        the same window's mean in the cycle before it, ``spread`` the losses' standard deviation within windows. The
-        jump is kept when, once the optimizer has settled, the loss is no higher than before it, within
-        ``verify_sigmas`` standard errors of the difference. A linear extrapolation of earlier windows' progress
-        would expect too much on a loss curve that flattens (measured on the river-valley test: it rejected a
-        jump that paid), and a cycle's progress is small against batch noise on real tasks."""
-        tolerance = self._tolerance(spread)
+        the same window's mean in the cycle before it. The jump is kept when, once the optimizer has settled, the
+        loss is no higher than before it, within ``tolerance`` (the rule's, from the windows' spread). A linear
+        extrapolation of earlier windows' progress would expect too much on a loss curve that flattens (measured on
+        the river-valley test: it rejected a jump that paid), and a cycle's progress is small against batch noise
+        on real tasks."""
         reason = "nonfinite" if not math.isfinite(after) else "delayed" if after > before + tolerance else None
         if reason is not None:
             self.events[reason] += 1
         return reason
-
-    def _tolerance(self, spread: float) -> float:
-        return self.verify_sigmas * spread * math.sqrt(2.0 / self.verify_window)
-
-    def blind(self, mean: float, spread: float) -> bool:
-        """Whether the delayed verdict could not see a jump's harm, judged on a window of ``mean`` loss whose losses
-        spread by ``spread``: its margin would exceed ``verify_resolution`` of the loss (see the class's doc)."""
-        if self.verify_resolution == 0 or self.verify_window == 0:
-            return False
-        return self._tolerance(spread) > self.verify_resolution * abs(mean)
 
     def _z_score(self, loss: float) -> float:
         std = self.loss_stats.std

@@ -39,6 +39,23 @@ def settings_of(init: Callable[..., Any]) -> set[str]:
     return {name for name in inspect.signature(init).parameters if name not in NOT_SETTINGS}
 
 
+def _unknown(name: str, predictor: str | AnyPredictor, known: dict[str, set[str]]) -> str:
+    """The message for a setting no component of this call owns: where it belongs, if anywhere."""
+    if not isinstance(predictor, str) and name in settings_of_chain(type(predictor)):
+        kind = type(predictor).__name__
+        return f"hybrid_callbacks: {name!r} is a setting of {kind}; with an instance, set it there: {kind}({name}=...)"
+    owners = sorted(n for n, cls in PREDICTORS.items() if name in settings_of_chain(cls))
+    if owners:
+        return f"hybrid_callbacks: {name!r} is a setting of predictor={owners[0]!r}, not of predictor={predictor!r}"
+    allowed = sorted({"bandit", *set().union(*known.values())})
+    return f"hybrid_callbacks: unknown setting {name!r}; known settings: {', '.join(allowed)}"
+
+
+def settings_of_chain(cls: type) -> set[str]:
+    """A predictor class's settings: its own and those of the bases it forwards ``**kwargs`` to."""
+    return set().union(*(settings_of(init) for init in init_chain(cls)))
+
+
 def hybrid_callbacks(
     predictor: str | AnyPredictor = "outer", bandit: bool | None = None, **settings: Any
 ) -> list[Callback]:
@@ -64,14 +81,13 @@ def hybrid_callbacks(
         kind = predictor if isinstance(predictor, (Predictor, TrajectoryRule)) else PREDICTORS[predictor]
         bandit = family_of(kind).chooses_horizons
     known = {owner: settings_of(cls.__init__) for owner, cls in SETTING_OWNERS.items()}
-    chain = [] if isinstance(predictor, (Predictor, TrajectoryRule)) else init_chain(PREDICTORS[predictor])
-    known["predictor"] = set().union(*(settings_of(init) for init in chain))
+    named = not isinstance(predictor, (Predictor, TrajectoryRule))
+    known["predictor"] = settings_of_chain(PREDICTORS[predictor]) if named else set()
     owners: dict[str, dict[str, Any]] = {owner: {} for owner in known}
     for name, value in settings.items():
         matches = [o for o, names in known.items() if name in names]
         if not matches:
-            allowed = sorted({"bandit", *set().union(*known.values())})
-            raise TypeError(f"hybrid_callbacks: unknown setting {name!r}; known settings: {', '.join(allowed)}")
+            raise TypeError(_unknown(name, predictor, known))
         if len(matches) > 1:
             raise TypeError(
                 f"hybrid_callbacks: setting {name!r} is ambiguous ({matches}); build those callbacks directly"

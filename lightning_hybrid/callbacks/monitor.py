@@ -14,8 +14,8 @@ class DivergenceMonitor(HostComponent):
 
     Args:
         **settings: the check's settings, each documented there: ``z_threshold``, ``oscillation_window``,
-            ``oscillation_sigmas``, ``stats_decay``, ``grad_outlier_factor``, ``verify_window``,
-            ``verify_sigmas``, ``verify_resolution``.
+            ``oscillation_sigmas``, ``stats_decay``, ``grad_outlier_factor``. The delayed verdict on the default
+            rule's jumps is set on the rule (``verify_window``, ``verify_sigmas``, ``verify_resolution``).
     """
 
     def __init__(self, **settings: Any) -> None:

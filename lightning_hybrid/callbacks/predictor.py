@@ -9,6 +9,8 @@ from lightning_hybrid.encoder import MIN_DIM, StateEncoder
 from lightning_hybrid.predictors import PREDICTORS, AnyPredictor, Predictor, TrajectoryRule, build_predictor
 from lightning_hybrid.validation import check_int
 
+RETIRED = ("average", "search")  # predictors of earlier checkpoints that measured no gain and left the package
+
 
 class DynamicsPredictor(HybridComponent):
     """Holds the dynamics model that learns how the weights move, and the state encoder it conditions on.
@@ -39,6 +41,11 @@ class DynamicsPredictor(HybridComponent):
         return {"name": self.name, "predictor": self.predictor.state_dict(), "encoder": self.encoder.state_dict()}
 
     def _load(self, state: dict[str, Any]) -> None:
+        if state["name"] in RETIRED:
+            raise ValueError(
+                f"DynamicsPredictor: the checkpoint was written with predictor={state['name']!r}, which was retired "
+                f"(it measured no gain; docs/performance.md) and cannot be resumed; known: {sorted(PREDICTORS)}"
+            )
         if state["name"] != self.name:
             raise ValueError(
                 f"DynamicsPredictor: the checkpoint holds a {state['name']!r} predictor but this run uses "

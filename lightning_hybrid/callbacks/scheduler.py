@@ -23,7 +23,6 @@ from lightning_hybrid.callbacks.base import HybridComponent
 from lightning_hybrid.callbacks.corrector import ResidualCorrector
 from lightning_hybrid.callbacks.monitor import DivergenceMonitor
 from lightning_hybrid.callbacks.predictor import DynamicsPredictor
-from lightning_hybrid.callbacks.probe import ProbeLoss
 from lightning_hybrid.callbacks.wiring import find_component, last_step, refuse_sparse_gradients
 from lightning_hybrid.config import HybridConfig
 from lightning_hybrid.engine import Components, HybridEngine, family_of
@@ -33,7 +32,6 @@ from lightning_hybrid.tensorboard import write_phase_curves_layout
 
 SUMMARY_FILENAME = "hybrid_summary.json"
 UNVERIFIED_KEY = "hybrid_unverified_segment"  # a checkpoint's top-level flag: written inside an unverified segment
-CURRENT_KEY = "current_model_state"  # predictor="average": the trained weights, beside the averaged state_dict
 
 
 class HybridScheduler(HybridComponent):
@@ -58,7 +56,6 @@ class HybridScheduler(HybridComponent):
         self.predictor: DynamicsPredictor | None = None
         self.monitor: DivergenceMonitor | None = None
         self.bandit: HorizonBandit | None = None
-        self.probe: ProbeLoss | None = None
         self._strategy: Any = None
         self._hooks: list[Any] = []
         self._in_step = False
@@ -98,16 +95,7 @@ class HybridScheduler(HybridComponent):
         host = self.predictor
         try:  # the family that runs the predictor, and what it cannot run with, refused by name before training
             family = family_of(host.predictor)
-            if family.needs_probe and not pl_module.automatic_optimization:
-                raise ValueError(
-                    f"predictor={host.predictor.name!r} evaluates its probe with the module's training_step, which "
-                    "under manual optimization steps the optimizer itself; use automatic optimization"
-                )
-            self.probe = ProbeLoss(getattr(host.predictor, "probe_batches", 1)) if family.needs_probe else None
-            if self.probe is not None:
-                self.probe.attach(trainer)
-            monitor = self.monitor.divergence
-            parts = Components(host.predictor, host.encoder, corrector.correction, monitor, bandit, self.probe)
+            parts = Components(host.predictor, host.encoder, corrector.correction, self.monitor.divergence, bandit)
             family.check(self.config, parts, trainer.strategy.sharded)
         except ValueError as err:
             raise MisconfigurationException(str(err)) from err
@@ -152,8 +140,6 @@ class HybridScheduler(HybridComponent):
         if self._in_step:
             return  # another micro-batch of an accumulated step
         self._in_step = True
-        if self.probe is not None:
-            self.probe.offer(batch)  # the probe holds the run's first batches
         self.engine.begin_step()
 
     @override
@@ -176,18 +162,10 @@ class HybridScheduler(HybridComponent):
     @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Validation inside a segment sees unverified weights: mark it in the logs (``hybrid/unverified``, 1 at
-        that step), so a reader of the curves knows which points may yet be rolled back. With
-        ``predictor="average"`` validation sees the averaged weights."""
-        if trainer.state.fn != "fit":
-            return
-        if self.engine.unverified:
+        that step), so a reader of the curves knows which points may yet be rolled back."""
+        if trainer.state.fn == "fit" and self.engine.unverified:
             for logger in trainer.loggers:
                 logger.log_metrics({"hybrid/unverified": 1.0}, step=trainer.global_step)
-        self.engine.validation_start()
-
-    @override
-    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.engine.validation_end()
 
     @override
     def on_save_checkpoint(
@@ -196,22 +174,6 @@ class HybridScheduler(HybridComponent):
         """Mark a checkpoint written inside a segment: it resumes exactly (the snapshot is in this callback's
         state), but its model weights are unverified predictions."""
         checkpoint[UNVERIFIED_KEY] = self.engine.unverified
-        averaged = self.engine.checkpoint_weights()
-        if averaged:  # as Lightning's WeightAveraging: the model's weights are the average, the trained ones aside
-            names = {id(p): name for name, p in pl_module.named_parameters()}
-            checkpoint[CURRENT_KEY] = checkpoint["state_dict"]
-            checkpoint["state_dict"] = dict(checkpoint["state_dict"]) | {
-                names[id(p)]: x.detach().clone() for p, x in averaged
-            }
-
-    @override
-    def on_load_checkpoint(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
-    ) -> None:
-        """Resume from the trained weights of a ``predictor="average"`` checkpoint (its ``state_dict`` holds the
-        average, which the rule's own state restores)."""
-        if CURRENT_KEY in checkpoint:
-            pl_module.load_state_dict(checkpoint[CURRENT_KEY])
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -249,13 +211,11 @@ class HybridScheduler(HybridComponent):
 
     @override
     def _state(self) -> dict[str, Any]:
-        return {**self.engine.state_dict(), **({"probe": self.probe.state_dict()} if self.probe else {})}
+        return self.engine.state_dict()
 
     @override
     def _load(self, state: dict[str, Any]) -> None:
         self.engine.load_state_dict(state)
-        if self.probe is not None:
-            self.probe.load_state_dict(state["probe"])
 
     @override
     def _migrate(self, state: dict[str, Any], version: int) -> dict[str, Any]:

@@ -3,10 +3,10 @@ parameter store and the run record, tied together by :class:`HybridEngine`, whic
 :class:`PredictionFamily` (``families/``). Nothing here imports Lightning; the ``HybridScheduler`` callback wires
 the engine to Lightning's hooks."""
 
-from lightning_hybrid.engine.components import Bandit, Components, Corrector, Forecaster, Monitor, Probe
+from lightning_hybrid.engine.components import Bandit, Components, Corrector, Forecaster, Monitor
 from lightning_hybrid.engine.deferred import Deferred
 from lightning_hybrid.engine.engine import HybridEngine
-from lightning_hybrid.engine.families import OuterJumps, PredictSegments, PrimalAveraging, ProbeSearch, family_of
+from lightning_hybrid.engine.families import OuterJumps, PredictSegments, family_of
 from lightning_hybrid.engine.family import FAMILIES, EngineView, PredictionFamily, register_family
 from lightning_hybrid.engine.guard import Reading, StepGuard
 from lightning_hybrid.engine.interface import Collectives, LocalCollectives, StepHandler
@@ -34,9 +34,6 @@ __all__ = [
     "PredictSegments",
     "PredictionFamily",
     "PredictionPolicy",
-    "PrimalAveraging",
-    "Probe",
-    "ProbeSearch",
     "Reading",
     "RunRecord",
     "StepGuard",

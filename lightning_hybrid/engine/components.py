@@ -32,7 +32,6 @@ class Monitor(Protocol):
     :class:`~lightning_hybrid.algorithms.DivergenceCheck`)."""
 
     events: dict[str, int]  # how often each reason fired
-    verify_window: int  # steps at the end of a cycle after a jump whose losses judge it
 
     def observe(self, loss: float, grad_norm: float) -> None: ...
     def gradient_outlier(self, grad_norm: float) -> bool: ...
@@ -40,8 +39,7 @@ class Monitor(Protocol):
     def start_segment(self) -> None: ...
     def check(self, loss: float, upper_bound: float) -> str | None: ...
     def diverged(self, loss: float) -> str | None: ...
-    def judge_window(self, before: float, after: float, spread: float) -> str | None: ...
-    def blind(self, mean: float, spread: float) -> bool: ...
+    def judge_window(self, before: float, after: float, tolerance: float) -> str | None: ...
 
 
 class Corrector(Protocol):
@@ -71,25 +69,13 @@ class Bandit(Protocol):
     def abort(self) -> None: ...
 
 
-class Probe(Protocol):
-    """A fixed set of batches and the model's loss on them at the current weights, agreed over ranks (the
-    ``HybridScheduler`` holds one for a family that asks for it)."""
-
-    @property
-    def ready(self) -> bool:
-        """Whether the probe holds all its batches."""
-
-    def loss(self) -> float: ...
-
-
 @dataclass
 class Components:
     """The engine's collaborators: a predictor and its state encoder, the corrector, the monitor, and optionally
-    the horizon bandit and a probe."""
+    the horizon bandit."""
 
     predictor: Any  # a Forecaster; the family that runs it needs more (a Predictor, an OuterMomentum, ...)
     encoder: StateEncoder
     corrector: Corrector
     monitor: Monitor
     bandit: Bandit | None = None
-    probe: Probe | None = None

@@ -130,7 +130,7 @@ class HybridEngine:
 
     # -- services the families use (and ``info``, where messages go) ---------------------------------------------
     def count_failure(self) -> None:
-        if self.policy.segment_failed():
+        if self.policy.prediction_failed():
             self._warn(
                 f"hybrid: {self.policy.consecutive_failures} predictions (segments or jumps) failed in a row; "
                 "prediction is off for the rest of this run, which continues as plain training."
@@ -163,7 +163,6 @@ class HybridEngine:
     def before_optimizer_step(self) -> None:
         if self.step.capture:  # the family asked for this step's update: the store's buffer holds new - old
             self.store.before_update()
-        self.family.before_update()
 
     def after_optimizer_step(self) -> None:
         step = self.step
@@ -172,7 +171,6 @@ class HybridEngine:
         if step.capture:
             self.store.after_update()
             step.delta_ready = True
-        self.family.after_update()
 
     def end_step(self, global_step: int) -> float:
         """The optimizer has stepped: learn from the step and move the cycle on. Returns the loss the family
@@ -189,7 +187,6 @@ class HybridEngine:
             if len(self.deferred) >= self.config.full_steps:  # once per cycle: the outlier limit stays recent
                 self.read_deferred()
         else:
-            self.family.step_ended(step)
             predicted_loss = self.family.learn(step, global_step, lrs, seconds, None)
         self._advance()
         return predicted_loss
@@ -242,7 +239,6 @@ class HybridEngine:
             output = closure()
             self.store.wait_for_optimizer_state()  # copied back after a segment: the update reads it next
             self._check_ordinary_step(optimizer)
-            self.family.gradients_taken()  # after the backward, before the update
             return output
 
         return guarded
@@ -250,18 +246,6 @@ class HybridEngine:
     def _check_ordinary_step(self, optimizer: Optimizer) -> None:
         monitor, counters = self.parts.monitor, self.record.counters
         self.step_guard.check(self.step, optimizer, self.store.owners, monitor, self.family.judge, counters)
-
-    # -- between steps ---------------------------------------------------------------------------------------------
-    def validation_start(self) -> None:
-        if self.store is not None:  # inside fit
-            self.family.validation_start()
-
-    def validation_end(self) -> None:
-        if self.store is not None:
-            self.family.validation_end()
-
-    def checkpoint_weights(self) -> list[tuple[Tensor, Tensor]]:
-        return self.family.checkpoint_weights() if self.store is not None else []
 
     # -- reporting and state -------------------------------------------------------------------------------------
     def metrics(self, predicted_loss: float) -> dict[str, float]:

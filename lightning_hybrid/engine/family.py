@@ -1,7 +1,7 @@
 """The contract of a prediction family: one way of moving the weights beyond what the optimizer's steps do, judged
 and undone when it loses. The engine runs the steps, reads and guards them and moves the phase machine; a family
-decides what prediction does around them. Built-in families: per-step Predict segments (``families/segments.py``),
-``outer`` jumps (``families/jumps.py``) and ``average`` (``families/averaging.py``).
+decides what prediction does around them. Built-in families: ``outer`` jumps (``families/jumps.py``) and per-step
+Predict segments (``families/segments.py``).
 
 A predictor object names its family (its ``family`` attribute); :func:`register_family` makes a new one known. A
 family is built by the engine with an :class:`EngineView`, the part of the engine it may use.
@@ -54,15 +54,13 @@ class PredictionFamily:
     only what it does; the order of the calls in one optimizer step is:
 
     1. :meth:`begin_step` (the step's phase is set; a family may move the weights here, before the forward);
-    2. ordinary steps: :meth:`before_update` (the optimizer's pre-step hook), :meth:`judge` (loss and gradient
-       norm read, before the update), :meth:`gradients_taken` (after the backward, before the update),
-       :meth:`after_update` (post-step hook); predicted steps: :meth:`predicted_training_step` and
-       :meth:`predict_step` instead;
-    3. :meth:`step_ended`, then :meth:`learn` (or, for a quiet step, :meth:`track` now and :meth:`learn` later);
+    2. ordinary steps: :meth:`judge` (loss and gradient norm read, before the update); predicted steps:
+       :meth:`predicted_training_step` and :meth:`predict_step` instead;
+    3. :meth:`learn` (or, for a quiet step, :meth:`track` now and :meth:`learn` later);
     4. when the phase machine needs a decision: :meth:`cycle_end` (a Full cycle is complete: the verdict on
        what was predicted, and whether to predict next) or :meth:`phase_done`.
 
-    Between steps: :meth:`validation_start`/:meth:`validation_end`, :meth:`checkpoint_weights`, :meth:`end_fit`.
+    Between steps: :meth:`end_fit`.
     State: :meth:`state_dict`/:meth:`load_state_dict` (Python values and host tensors, checkpointed by the engine).
     """
 
@@ -71,7 +69,6 @@ class PredictionFamily:
     gated: ClassVar[bool] = True  # observation waits for the learning-rate gate (``predict_lr_fraction``)
     chooses_horizons: ClassVar[bool] = False  # a HorizonBandit has something to choose
     predicts_steps: ClassVar[bool] = False  # enters Predict: steps without a backward pass
-    needs_probe: ClassVar[bool] = False  # reads the loss on a fixed probe (``Components.probe``)
 
     def __init__(self, engine: EngineView) -> None:
         self.engine = engine
@@ -103,23 +100,11 @@ class PredictionFamily:
         to verify, and what there is to learn from it can wait (guarded on the device, read later with others)."""
         return False
 
-    def before_update(self) -> None:
-        """Just before the optimizer's update (its pre-step hook)."""
-
     def judge(self, loss: float) -> bool:
         """An ordinary step's loss, read before its update (``nan`` if non-finite): the verdict on anything still
         unverified. Returns whether the step's update must be skipped (its gradient was taken at rejected
         weights)."""
         return False
-
-    def gradients_taken(self) -> None:
-        """The backward pass is done and the step will update: the last moment before the optimizer's update."""
-
-    def after_update(self) -> None:
-        """Right after the optimizer's update (its post-step hook; not called when a gradient scaler skipped it)."""
-
-    def step_ended(self, step: StepRecord) -> None:
-        """A step that was read at once (not quiet) has ended, whether or not its update ran."""
 
     def track(self, step: StepRecord) -> Tensor | None:
         """A quiet step has ended: fold what must be taken now into device tensors (returned, read later)."""
@@ -156,16 +141,6 @@ class PredictionFamily:
     def unverified(self) -> bool:
         """Whether the weights now hold a prediction that no verdict has kept yet."""
         return False
-
-    def validation_start(self) -> None:
-        """Validation during ``fit`` starts: show the weights validation should see."""
-
-    def validation_end(self) -> None:
-        """Validation ended: put the trained weights back."""
-
-    def checkpoint_weights(self) -> list[tuple[Tensor, Tensor]]:
-        """``(parameter, value)`` pairs a checkpoint's ``state_dict`` holds in place of the trained weights."""
-        return []
 
     def end_fit(self) -> None:
         """Training ends, however it ends: undo anything unverified; leave the weights ``fit`` hands back."""

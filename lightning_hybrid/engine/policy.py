@@ -55,14 +55,16 @@ class PredictionPolicy:
             self.backoffs += 1
             self.declined = 0
 
-    def segment_started(self) -> None:
+    def prediction_started(self) -> None:
+        """A prediction (a segment or a jump) was made: the cycle was not declined."""
         self.declined = 0
 
-    def segment_accepted(self) -> None:
+    def prediction_accepted(self) -> None:
+        """A prediction (a segment or a jump) was verified and kept."""
         self.consecutive_failures = 0
         self.backoffs = 0
 
-    def segment_failed(self) -> bool:
+    def prediction_failed(self) -> bool:
         """Count a failed prediction (a segment or a jump); ``True`` when this failure switches prediction off."""
         self.consecutive_failures += 1
         if self.consecutive_failures >= self.config.max_consecutive_rollbacks and not self.prediction_off:

@@ -5,20 +5,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from lightning_hybrid.predictors.average import PrimalAverage
 from lightning_hybrid.predictors.base import Plan, Predictor, UpdateStats
 from lightning_hybrid.predictors.direction import DirectionPredictor
 from lightning_hybrid.predictors.learned import LearnedPredictor
 from lightning_hybrid.predictors.linear import LinearPredictor
 from lightning_hybrid.predictors.mlp import MLPPredictor
+from lightning_hybrid.predictors.outer import OuterMomentum
 from lightning_hybrid.predictors.rssm import RSSMPredictor
-from lightning_hybrid.predictors.rules import OuterMomentum, TrajectoryRule
-from lightning_hybrid.predictors.search import LineSearch
+from lightning_hybrid.predictors.rules import TrajectoryRule
 from lightning_hybrid.validation import check_choice
 
 AnyPredictor = Predictor | TrajectoryRule
 PREDICTORS: dict[str, type[AnyPredictor]] = {
-    cls.name: cls for cls in (LinearPredictor, MLPPredictor, RSSMPredictor, OuterMomentum, PrimalAverage, LineSearch)
+    cls.name: cls for cls in (OuterMomentum, LinearPredictor, MLPPredictor, RSSMPredictor)
 }
 
 
@@ -39,13 +38,11 @@ __all__ = [
     "AnyPredictor",
     "DirectionPredictor",
     "LearnedPredictor",
-    "LineSearch",
     "LinearPredictor",
     "MLPPredictor",
     "OuterMomentum",
     "Plan",
     "Predictor",
-    "PrimalAverage",
     "RSSMPredictor",
     "TrajectoryRule",
     "UpdateStats",

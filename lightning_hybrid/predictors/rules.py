@@ -1,24 +1,20 @@
 """Trajectory rules: prediction that keeps every backward pass and moves the weights along their trajectory over
-many steps, the family published work finds paying for full-rank training (SNOO / one-worker DiLoCo, primal
-averaging), as opposed to the per-step :class:`~lightning_hybrid.predictors.Predictor` that replaces backward
-passes.
+many steps, the family published work finds paying for full-rank training (SNOO / one-worker DiLoCo), as opposed
+to the per-step :class:`~lightning_hybrid.predictors.Predictor` that replaces backward passes.
 
 A rule works on this rank's flat list of trainable tensors (its shards under FSDP) with fused ``torch._foreach_*``
-operations; the engine decides when it acts, verifies and undoes what it did. Here: the base class and ``outer``;
-``average`` is in ``average.py``.
+operations; the engine decides when it acts, verifies and undoes what it did. Here: the base class; ``outer`` is
+in ``outer.py``.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
-
-from lightning_hybrid.offload import HostHeld, host_copies
-from lightning_hybrid.validation import check_bool, check_float, check_int
 
 TensorList = Sequence[Tensor]
 
@@ -86,215 +82,3 @@ class TrajectoryRule(ABC):
     @abstractmethod
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore state; may be called before :meth:`setup`, which then applies it."""
-
-
-def _cosine_terms(params: TensorList, pairs: Iterable[tuple[Tensor, Tensor]]) -> Tensor:
-    """``[x · y, |x|², |y|²]`` summed over ``pairs`` of tensors, in float64, taken one pair at a time so that a
-    difference in a pair never exists for more than one tensor (no parameter copy)."""
-    terms = torch.zeros(3, dtype=torch.float64, device=params[0].device if params else "cpu")
-    with torch.no_grad():
-        for x, y in pairs:
-            x, y = x.flatten().double(), y.flatten().double()
-            terms += torch.stack((torch.dot(x, y), torch.dot(x, x), torch.dot(y, y)))
-    return terms
-
-
-class OuterMomentum(TrajectoryRule):
-    """``outer``, the default: the SNOO rule (one-worker DiLoCo) with the guards the learning-rate harness measured.
-    Every Full cycle of ``full_steps`` ordinary steps runs from an anchor; after it (as the engine starts the next
-    step) the weights jump to ``anchor - outer_lr * (outer_momentum * b + s)``, where ``s = anchor - weights`` is the
-    cycle's displacement and ``b <- outer_momentum * b + s``, and that point is the next anchor. No backward pass is
-    added or skipped.
-
-    ``outer_lr=1, outer_momentum=0`` is plain training (bitwise); ``outer_momentum=0`` is Lookahead with step
-    ``outer_lr``. Unguarded ``outer`` (as SNOO publishes it) is ``keep_norms=False, restart=False`` with the
-    monitor's ``verify_resolution=0``. Memory: the anchor lives in the engine's one update buffer; ``b`` adds one
-    parameter copy when ``outer_momentum > 0``, and delayed verification or the alignment verdict one more (the
-    last jump). With ``state_on_host`` (the default on CUDA) those two live in host memory, so the device holds the
-    anchor alone.
-
-    The alignment verdict asks whether a jump went where training was going anyway, the question a loss compared
-    with before the jump cannot answer on a falling curve: the cosine between each jump and the displacement of the
-    cycle after it. Positive, training carries on along the jump (a longer one would have paid too); negative, it
-    walks the jump back (it overshot). Once the mean over the last ``alignment_window`` jumps is at most 0, the
-    jumps stop for the rest of the run and training is plain.
-
-    Args:
-        outer_lr: η, the outer step, in ``(0, 2]``.
-        outer_momentum: μ, the outer momentum, in ``[0, 1)``.
-        alignment_window: jumps whose mean alignment decides whether jumping goes on (0: it always does).
-        keep_norms: scale each tensor back, after every jump, to the norm it had before it: jumps then change the
-            weights' direction, not their scale (which, under normalization layers, sets the effective step of all
-            later training). Not under ``hybrid_fsdp``.
-        restart: adaptive restart (O'Donoghue and Candès, 2015) at the cycle's scale: when a cycle's displacement
-            points against the outer momentum (their cosine is at most 0), the momentum is reset and no jump is
-            made, so that an oscillating run trains plainly instead of being pushed along a stale direction.
-            Nothing to do when ``outer_momentum`` is 0.
-        state_on_host: hold ``b`` and the last jump in host memory (pinned, on CUDA), as DiLoCo implementations hold
-            their outer state, and bring them to the device only at a cycle's end: the device then holds one
-            parameter copy above plain (the anchor) outside a jump, and each jump moves ``b`` in and ``b`` and the
-            jump out (the way out overlaps the next steps). The same values, bitwise. ``None`` (the default): on
-            where the parameters are on CUDA; on a CPU the host is the device, so it changes nothing there.
-    """
-
-    name = "outer"
-    family = "jumps"
-
-    def __init__(
-        self,
-        outer_lr: float = 0.7,
-        outer_momentum: float = 0.5,
-        alignment_window: int = 0,
-        keep_norms: bool = True,
-        restart: bool = True,
-        state_on_host: bool | None = None,
-    ) -> None:
-        self.outer_lr = check_float("OuterMomentum", "outer_lr", outer_lr, 0.0, 2.0, open_low=True)
-        self.outer_momentum = check_float("OuterMomentum", "outer_momentum", outer_momentum, 0.0, 1.0 - 1e-12)
-        self.alignment_window = check_int("OuterMomentum", "alignment_window", alignment_window, 0)
-        self.keep_norms = check_bool("OuterMomentum", "keep_norms", keep_norms)
-        self.restart = check_bool("OuterMomentum", "restart", restart)
-        if state_on_host is not None and not isinstance(state_on_host, bool):
-            raise ValueError(
-                f"OuterMomentum: `state_on_host` must be True, False or None (on CUDA), got {state_on_host!r}"
-            )
-        self.state_on_host = state_on_host
-        super().__init__()
-        self._b: list[Tensor] = []  # on the device; with ``state_on_host``, in ``_held`` instead
-        self._jump: list[Tensor] = []
-        self._held: dict[str, HostHeld] = {}
-        self._set_up = False
-
-    @property
-    def moves(self) -> bool:
-        """Whether a jump moves the weights at all (``η = 1, μ = 0`` is plain training: no jump, nothing to check)."""
-        return self.outer_lr != 1.0 or self.outer_momentum > 0
-
-    def setup(self, params: TensorList, keep_jump: bool) -> None:
-        kept = {"b": self.outer_momentum > 0, "jump": keep_jump}
-        on_host = self.state_on_host
-        if on_host is None:  # the default: off the device where there is one to spare
-            on_host = bool(params) and params[0].is_cuda
-        if on_host:  # allocated on the host: the device never holds them outside a cycle's end
-            self._held = {name: HostHeld(list(params)) for name, on in kept.items() if on}
-            self._b, self._jump = [], []
-        else:
-            self._b = [torch.zeros_like(p) for p in params] if kept["b"] else []
-            self._jump = [torch.zeros_like(p) for p in params] if kept["jump"] else []
-        self._set_up = True
-        self._apply_pending()
-
-    def _momentum(self, write: bool = False) -> list[Tensor]:
-        """``b`` on the device (empty when ``outer_momentum`` is 0)."""
-        held = self._held.get("b")
-        return held.on_device(write=write) if held is not None else self._b
-
-    def _last_jump(self, fill: bool = True) -> list[Tensor]:
-        """The last jump on the device (empty when no verdict needs it); ``fill=False``: about to be overwritten."""
-        held = self._held.get("jump")
-        return held.on_device(fill=fill) if held is not None else self._jump
-
-    def put_away(self) -> None:
-        """A cycle's end is over: with ``state_on_host``, ``b`` and the last jump go back to the host."""
-        for held in self._held.values():
-            held.put_away()
-
-    def jump(self, params: list[Tensor], anchor: list[Tensor]) -> None:
-        """The cycle's end: move ``params`` in place to the new anchor and leave it in ``anchor`` too.
-
-        ``params += (1 - η) s - η μ b`` with ``b`` already updated by ``s``: the same point as
-        ``anchor - η (μ b + s)``, written as a displacement so that ``η = 1, μ = 0`` adds nothing.
-        """
-        eta, mu = self.outer_lr, self.outer_momentum
-        b, kept = self._momentum(write=True), self._last_jump(fill=False)
-        with torch.no_grad():
-            torch._foreach_sub_(anchor, params)  # anchor := s
-            if mu > 0:
-                torch._foreach_mul_(b, mu)
-                torch._foreach_add_(b, anchor)  # b := μ b + s
-            torch._foreach_mul_(anchor, 1.0 - eta)  # anchor := the jump d = (1 - η) s - η μ b
-            if mu > 0:
-                torch._foreach_add_(anchor, b, alpha=-eta * mu)
-            before = torch._foreach_norm(params) if self.keep_norms else None
-            torch._foreach_add_(params, anchor)
-            if kept:
-                torch._foreach_copy_(kept, anchor)
-            if before is not None:
-                self._scale_back(params, before, kept)
-            torch._foreach_copy_(anchor, params)
-        self.put_away()
-
-    @staticmethod
-    def _scale_back(params: list[Tensor], before: list[Tensor], kept: list[Tensor]) -> None:
-        """``params *= before / |params|`` per tensor; the kept jump becomes the move actually made,
-        ``d + params (1 - 1/scale)``, so that :meth:`undo` still lands on the weights before the jump."""
-        after = torch._foreach_norm(params)
-        torch._foreach_clamp_min_(after, torch.finfo(params[0].dtype).tiny)
-        scale = torch._foreach_div(before, after)
-        torch._foreach_mul_(params, scale)
-        if kept:
-            torch._foreach_reciprocal_(scale)
-            torch._foreach_neg_(scale)
-            torch._foreach_add_(scale, 1.0)  # 1 - 1/scale
-            torch._foreach_addcmul_(kept, params, scale)
-
-    def alignment_terms(self, params: TensorList, anchor: TensorList) -> Tensor:
-        """``[jump · d, |jump|², |d|²]`` over this rank's tensors, ``d = params - anchor`` the displacement since the
-        last jump (one tensor's difference at a time: no parameter copy). Summed over ranks, their cosine is the
-        jump's alignment."""
-        jumps = self._last_jump()
-        return _cosine_terms(params, ((j, p - a) for p, a, j in zip(params, anchor, jumps, strict=True)))
-
-    def momentum_terms(self, params: TensorList, anchor: TensorList) -> Tensor:
-        """``[s · b, |s|², |b|²]`` over this rank's tensors, ``s = anchor - params`` the cycle's displacement and ``b``
-        the outer momentum before it takes ``s`` in (one tensor at a time: no parameter copy). Summed over ranks,
-        their cosine decides a restart."""
-        momentum = self._momentum()
-        return _cosine_terms(params, ((a - p, b) for p, a, b in zip(params, anchor, momentum, strict=True)))
-
-    def reset_momentum(self) -> None:
-        held = self._held.get("b")
-        if held is not None:
-            held.zero_()  # on the host: nothing to move
-            return
-        with torch.no_grad():
-            torch._foreach_zero_(self._b)
-
-    def undo(self, params: list[Tensor], anchor: list[Tensor]) -> None:
-        """Take the last jump back out of ``params`` and ``anchor`` (keeping the ordinary steps since), and restart
-        the outer momentum: the failed extrapolation must not carry into the next one."""
-        jumps = self._last_jump()
-        with torch.no_grad():
-            torch._foreach_sub_(params, jumps)
-            torch._foreach_sub_(anchor, jumps)
-        if self.outer_momentum > 0:
-            self.reset_momentum()
-        self.put_away()
-
-    def _values(self, name: str) -> list[Tensor]:
-        held = self._held.get(name)
-        return held.values() if held is not None else host_copies(getattr(self, f"_{name}"))
-
-    def release(self) -> None:
-        if self._set_up:
-            self._released = self.state_dict()
-            self._b, self._jump, self._held, self._set_up = [], [], {}, False
-
-    def state_dict(self) -> dict[str, Any]:
-        if not self._set_up:
-            return self._parked({"b": [], "jump": []})
-        return {"b": self._values("b"), "jump": self._values("jump")}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if not self._set_up:
-            if state["b"] or state["jump"]:
-                self._park(state)
-            return
-        for name, what in (("b", "outer momentum"), ("jump", "last jump")):
-            held, tensors = self._held.get(name), getattr(self, f"_{name}")
-            if (held is None and not tensors) or (name == "jump" and not state[name]):
-                continue
-            if held is not None:
-                held.drop()
-                tensors = held.host
-            load_into("OuterMomentum", what, tensors, state[name])

@@ -3,7 +3,7 @@ runs from an anchor, held in the store's buffer, and after it the weights jump a
 jump is made as the next step starts, judged at that step for divergence, and then by the mean loss of the last
 ``verify_window`` steps of the cycle it starts; a rejected jump is subtracted again. Only the step after a jump is
 read before its update; the others are quiet (guarded on the device where the optimizer allows, read per cycle).
-Where a cycle's losses spread too widely against their level for that verdict to see harm (the monitor's
+Where a cycle's losses spread too widely against their level for that verdict to see harm (the rule's
 ``verify_resolution``), no jump is made. With the rule's ``alignment_window``, the jumps are also judged by whether
 training carries them on or walks them back, and stop for the rest of the run once it walks them back; with its
 ``restart``, a cycle whose displacement points against the outer momentum resets it and makes no jump."""
@@ -64,16 +64,16 @@ class OuterJumps(PredictionFamily):
                 "OuterMomentum: `keep_norms=True` needs each tensor's whole norm, which a rank holding shards does "
                 "not have; use keep_norms=False under hybrid_fsdp."
             )
-        window = parts.monitor.verify_window
+        window = parts.predictor.verify_window
         if window > config.full_steps:
             raise ValueError(
-                f"DivergenceMonitor: `verify_window` must be at most full_steps ({config.full_steps}) with "
-                f"predictor={parts.predictor.name!r}: the window is the end of the cycle after a jump; got {window}."
+                f"OuterMomentum: `verify_window` must be at most full_steps ({config.full_steps}): the window is the "
+                f"end of the cycle after a jump; got {window}."
             )
 
     @property
     def verify_window(self) -> int:
-        return self.engine.parts.monitor.verify_window
+        return self.engine.parts.predictor.verify_window
 
     def setup(self, restored: bool) -> None:
         """Unless a checkpoint has just restored the run's state, start afresh: a new anchor at the next Full step."""
@@ -140,12 +140,12 @@ class OuterJumps(PredictionFamily):
         if state.pending:
             state.pending = False
             pooled = math.sqrt((state.spread**2 + spread**2) / 2)
-            reason = e.parts.monitor.judge_window(state.reference, mean, pooled)
+            reason = e.parts.monitor.judge_window(state.reference, mean, e.parts.predictor.tolerance(pooled))
             if reason is not None:
                 self._reject(reason)
                 mean = math.nan  # measured with the rejected jump: no reference for the next one
             else:
-                e.policy.segment_accepted()
+                e.policy.prediction_accepted()
                 e.record.counters.jumps_kept += 1
         state.reference, state.spread = mean, spread
         off = e.policy.prediction_off or not e.config.enable_prediction or not e.parts.predictor.moves
@@ -169,15 +169,15 @@ class OuterJumps(PredictionFamily):
         e.parts.predictor.jump(e.store.params, e.store.buffer)
         e.collectives.parameters_changed()
         e.record.counters.jumps_made += 1
-        e.policy.segment_started()
+        e.policy.prediction_started()
         state.pending = state.first_check = self.verify_window > 0
         state.aligning = self.alignment_window > 0
 
     def _blind(self) -> bool:
         """Whether this cycle's losses spread too widely, against their level, for the delayed verdict to see a
-        jump's harm (the monitor's ``verify_resolution``): then no jump is made, and it is counted."""
+        jump's harm (the rule's ``verify_resolution``): then no jump is made, and it is counted."""
         state, e = self.state, self.engine
-        if not e.parts.monitor.blind(state.reference, state.spread):
+        if not e.parts.predictor.blind(state.reference, state.spread):
             return False
         e.record.counters.jumps_blind += 1
         return True

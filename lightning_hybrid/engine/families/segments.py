@@ -133,7 +133,7 @@ class PredictSegments(PredictionFamily):
         self.plan = plan
         e.record.counters.segments_started += 1
         parts.monitor.start_segment()
-        e.policy.segment_started()
+        e.policy.prediction_started()
         e.machine.start_segment()
         return True
 
@@ -159,7 +159,7 @@ class PredictSegments(PredictionFamily):
     def _accept(self) -> None:
         e = self.engine
         e.store.release_snapshot()
-        e.policy.segment_accepted()
+        e.policy.prediction_accepted()
         e.machine.segment_accepted()
         e.record.counters.segments_accepted += 1
 
@@ -278,5 +278,5 @@ class PredictSegments(PredictionFamily):
     def migrate_v1(state: dict[str, Any]) -> dict[str, Any]:
         """This family's part of a state version 1 checkpoint (one flat dictionary for the whole engine)."""
         if state.get("trajectory") is not None:
-            raise ValueError("it was written by a trajectory-rule run (outer, average); resume it with that rule")
+            raise ValueError("it was written by an outer run; resume it with predictor='outer'")
         return {key: state[key] for key in ("plan", "snapshot", "lr_ref", "factors", "bandit_arm")}
