@@ -158,7 +158,8 @@ def test_quick_overheads_time_every_component(tmp_path):
     text = (tmp_path / "overheads.md").read_text()
     assert all(label in text for label in COMPONENTS)
     assert all(f"Peak memory, `{label}` minus plain" in text for label in labels)
-    assert "`search` (its probe evaluations and searches included) / plain over 60 steps" in text
+    aside = "the default (`outer` with its guards) stepping aside (no cycle judged, no jump)"
+    assert f"{aside} / plain over 60 steps" in text
 
 
 def test_gpt2_sized_task_has_gpt2_small_shape(tmp_path):
