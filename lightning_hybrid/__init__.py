@@ -9,6 +9,7 @@ from lightning_hybrid.callbacks import (
     ResidualCorrector,
     VRAMLogger,
     hybrid_callbacks,
+    is_unverified_checkpoint,
 )
 from lightning_hybrid.config import HybridConfig
 from lightning_hybrid.fsdp import FullyShardedStrategy, HybridFSDPStrategy
@@ -40,4 +41,5 @@ __all__ = [
     "VRAMLogger",
     "hybrid_callbacks",
     "is_predicted_step",
+    "is_unverified_checkpoint",
 ]

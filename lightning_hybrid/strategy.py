@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 class HybridStrategyMixin:
     """Overrides ``training_step``, ``backward`` and ``optimizer_step`` of a Lightning strategy.
 
-    Outside ``fit`` (``validate``, ``test``, ``predict``) and without an attached step handler the strategy
+    Outside ``fit`` (``validate``, ``test``, ``predict``), without an attached step handler, and while the handler
+    is not bound to a fit's training (the tuner's trial fits, which replace the Trainer's callbacks), the strategy
     behaves exactly like its Lightning parent.
     """
 
@@ -92,20 +93,24 @@ class HybridStrategyMixin:
                 f"({type(err).__name__}: {str(err).splitlines()[0]})"
             ) from err
 
+    @property
+    def _routing(self) -> bool:
+        return self._hybrid is not None and self._hybrid.bound
+
     @override
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         run = partial(super().training_step, *args, **kwargs)
-        return run() if self._hybrid is None else self._hybrid.training_step(run)
+        return self._hybrid.training_step(run) if self._routing else run()
 
     @override
     def backward(self, closure_loss: Tensor, optimizer: Optimizer | None, *args: Any, **kwargs: Any) -> Tensor:
         run = partial(super().backward, closure_loss, optimizer, *args, **kwargs)
-        return run() if self._hybrid is None else self._hybrid.backward(closure_loss, run)
+        return self._hybrid.backward(closure_loss, run) if self._routing else run()
 
     @override
     def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any], model: Any = None, **kwargs: Any) -> Any:
         run = partial(super().optimizer_step, optimizer, model=model, **kwargs)
-        return run(closure) if self._hybrid is None else self._hybrid.optimizer_step(optimizer, closure, run)
+        return self._hybrid.optimizer_step(optimizer, closure, run) if self._routing else run(closure)
 
 
 class HybridPredictStrategy(HybridStrategyMixin, SingleDeviceStrategy):

@@ -2,7 +2,6 @@
 predicted steps, sparse gradients, a fit that ends inside a segment. Public API only: the Trainer, the settings
 and the summary."""
 
-import json
 import math
 
 import lightning as L
@@ -11,7 +10,14 @@ import torch
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import nn
 
-from lightning_hybrid import DivergenceMonitor, DynamicsPredictor, HybridScheduler, ResidualCorrector, is_predicted_step
+from lightning_hybrid import (
+    DivergenceMonitor,
+    DynamicsPredictor,
+    HybridScheduler,
+    ResidualCorrector,
+    is_predicted_step,
+    is_unverified_checkpoint,
+)
 from tests.helpers import (
     FAST_PHASES,
     RegressionModel,
@@ -42,7 +48,7 @@ def test_clipping_survives_skipped_steps(tmp_path, algorithm):
     )
     model = RegressionModel()
     trainer.fit(model, loader())
-    summary = json.loads((tmp_path / "hybrid_summary.json").read_text())
+    summary = scheduler_of(trainer).summary(trainer)
     assert summary["rollbacks"] >= 1 and summary["steps_total"] == 60
     assert torch.isfinite(flat_params(model)).all()
 
@@ -127,7 +133,7 @@ def test_fit_never_ends_on_unverified_predicted_weights(tmp_path, stop_early):
 
     trainer.callbacks.append(SegmentStart())
     trainer.fit(model, loader())
-    summary = json.loads((tmp_path / "hybrid_summary.json").read_text())
+    summary = scheduler_of(trainer).summary(trainer)
     assert summary["segments_started"] == 1 and summary["rollbacks"] == 1
     assert summary["rollback_reasons"]["end_of_fit"] == 1
     assert torch.equal(flat_params(model), start["params"])  # the weights the segment started from
@@ -361,7 +367,7 @@ def test_checkpoints_and_validation_inside_a_segment_are_marked(tmp_path):
     for path in tmp_path.glob("step=*.ckpt"):
         ckpt = torch.load(path, weights_only=False)
         state = next(v for k, v in ckpt["callbacks"].items() if "HybridScheduler" in k)
-        marked[path.name] = (ckpt["hybrid_unverified_segment"], state["family"]["snapshot"] is not None)
+        marked[path.name] = (is_unverified_checkpoint(ckpt), state["family"]["snapshot"] is not None)
     assert any(flag for flag, _ in marked.values()) and not all(flag for flag, _ in marked.values())
     assert all(holds_snapshot for flag, holds_snapshot in marked.values() if flag)  # resumable exactly
     validated = validations.steps

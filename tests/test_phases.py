@@ -178,22 +178,34 @@ def test_summary_json_and_tensorboard_curves_in_log_dir(tmp_path):
     assert summary["wall_time_s"] >= sum(summary["time_by_phase_s"].values()) > 0
 
 
-def test_summary_json_without_logger_goes_to_default_root_dir(tmp_path):
+@pytest.mark.parametrize("summary_dir", [None, "named"])
+def test_without_a_logger_the_summary_goes_only_where_the_user_names(tmp_path, monkeypatch, summary_dir):
+    """Not the working directory, not ``default_root_dir`` (where ``ModelCheckpoint`` keeps its files without a
+    logger), unless named; and nothing for a ``fit`` that trained no step."""
     import lightning as L
 
-    from lightning_hybrid import HybridPredictStrategy, hybrid_callbacks
+    from lightning_hybrid import HybridPredictStrategy, HybridScheduler, hybrid_callbacks
 
-    trainer = L.Trainer(
-        max_steps=12,
-        strategy=HybridPredictStrategy(),
-        callbacks=hybrid_callbacks(**FAST),
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        default_root_dir=tmp_path,
-    )
-    trainer.fit(RegressionModel(), loader())
-    assert json.loads((tmp_path / "hybrid_summary.json").read_text())["steps_total"] == 12
+    monkeypatch.chdir(tmp_path)
+    named = None if summary_dir is None else str(tmp_path / summary_dir)
+    for max_epochs in (0, 1):
+        callbacks = hybrid_callbacks(**FAST)
+        callbacks[0] = HybridScheduler(callbacks[0].config, summary_dir=named)
+        trainer = L.Trainer(
+            max_epochs=max_epochs,
+            max_steps=12,
+            strategy=HybridPredictStrategy(),
+            callbacks=callbacks,
+            logger=False,
+            enable_progress_bar=False,
+            default_root_dir=tmp_path / "root",
+        )
+        trainer.fit(RegressionModel(), loader())
+        written = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("hybrid_summary.json"))
+        if max_epochs == 0 or named is None:
+            assert not written
+    assert written == [f"{summary_dir}/hybrid_summary.json"] if named else not written
+    assert not any(p.name == "hybrid_summary.json" for p in (tmp_path / "root").rglob("*"))
 
 
 def test_every_step_logs_the_phase_curves():

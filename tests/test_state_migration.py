@@ -21,7 +21,7 @@ def _scheduler_state(checkpoint: dict) -> dict:
 def test_a_checkpoint_of_an_earlier_layout_resumes_as_the_uninterrupted_run(tmp_path, name):
     hybrid, model, trainer = FIXTURES[name]
     old = torch.load(DATA / name, weights_only=False)
-    assert _scheduler_state(old).get("version", 1) <= STATE_VERSION  # written by earlier code
+    assert _scheduler_state(old).get("version", 1) < STATE_VERSION  # written before this layout
     uninterrupted = checkpointed_run(tmp_path / "full", hybrid(), model=model, trainer=trainer)
     resumed = checkpointed_run(tmp_path / "resumed", hybrid(), DATA / name, model, trainer)
     # The fixture's floats come from the machine that wrote it; the golden runs compare them bitwise where the
@@ -47,8 +47,9 @@ def test_the_state_is_written_in_this_layout(tmp_path):
     hybrid, model, trainer = FIXTURES["state_v1_engine_outer_pending.ckpt"]
     checkpointed_run(tmp_path, hybrid(), model=model, trainer=trainer)
     state = _scheduler_state(torch.load(tmp_path / "ckpt" / "step=30.ckpt", weights_only=False))
-    assert state["version"] == STATE_VERSION == 2
-    assert set(state) == {"version", "machine", "policy", "record", "deferred", "family"}
+    assert state["version"] == STATE_VERSION == 3
+    assert set(state) == {"version", "machine", "policy", "record", "deferred", "family", "unverified"}
+    assert state["unverified"]  # a jump awaits its verdict at step 30
     assert state["family"]["name"] == "jumps" and state["family"]["pending"]
 
 

@@ -16,7 +16,7 @@ from lightning_hybrid.callbacks.memory import VRAMLogger
 from lightning_hybrid.callbacks.monitor import DivergenceMonitor
 from lightning_hybrid.callbacks.predictor import DynamicsPredictor
 from lightning_hybrid.callbacks.progress import HybridProgressBar
-from lightning_hybrid.callbacks.scheduler import HybridScheduler, find_scheduler
+from lightning_hybrid.callbacks.scheduler import HybridScheduler, find_scheduler, is_unverified_checkpoint
 from lightning_hybrid.config import HybridConfig
 from lightning_hybrid.engine import family_of
 from lightning_hybrid.predictors import PREDICTORS, AnyPredictor, Predictor, TrajectoryRule, init_chain
@@ -115,4 +115,5 @@ __all__ = [
     "VRAMLogger",
     "find_scheduler",
     "hybrid_callbacks",
+    "is_unverified_checkpoint",
 ]

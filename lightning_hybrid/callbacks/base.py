@@ -15,8 +15,10 @@ from typing_extensions import override
 from lightning_hybrid.strategy import HybridStrategyMixin
 
 # Layout of the hybrid callbacks' checkpointed state; raise it when a layout changes, and migrate in `_migrate`.
-# 1: the scheduler's state one flat dictionary; 2: the engine's parts and its prediction family apart.
-STATE_VERSION = 2
+# 1: the scheduler's state one flat dictionary; 2: the engine's parts and its prediction family apart; 3: the
+# scheduler's state holds whether the checkpoint was written inside an unverified prediction (version 2 wrote that
+# at the checkpoint's top level).
+STATE_VERSION = 3
 
 LOAD_ERRORS = (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError)
 

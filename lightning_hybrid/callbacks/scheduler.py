@@ -31,7 +31,8 @@ from lightning_hybrid.summary import RunCounters, format_summary
 from lightning_hybrid.tensorboard import write_phase_curves_layout
 
 SUMMARY_FILENAME = "hybrid_summary.json"
-UNVERIFIED_KEY = "hybrid_unverified_segment"  # a checkpoint's top-level flag: written inside an unverified segment
+UNVERIFIED = "unverified"  # in the scheduler's state: the checkpoint was written inside an unverified prediction
+OLD_UNVERIFIED_KEY = "hybrid_unverified_segment"  # where state version 2 kept that flag: at the checkpoint's top level
 
 
 class HybridScheduler(HybridComponent):
@@ -42,16 +43,22 @@ class HybridScheduler(HybridComponent):
 
     Args:
         config: the phase settings; alternatively pass them as keyword arguments (see :class:`HybridConfig`).
-        summary_filename: name of the JSON summary written into ``trainer.log_dir`` at the end of ``fit``.
+        summary_filename: name of the JSON summary written at the end of a ``fit`` that trained.
+        summary_dir: the folder it goes to; by default where the Trainer's first logger keeps its logs
+            (``trainer.log_dir``), and nowhere without a logger (the summary is still printed).
     """
 
     def __init__(
-        self, config: HybridConfig | None = None, summary_filename: str = SUMMARY_FILENAME, **settings: Any
+        self,
+        config: HybridConfig | None = None,
+        summary_filename: str = SUMMARY_FILENAME,
+        summary_dir: str | None = None,
+        **settings: Any,
     ) -> None:
         if config is not None and settings:
             raise ValueError(f"HybridScheduler: pass either `config` or settings, not both (got {sorted(settings)})")
         self.config = config if config is not None else HybridConfig(**settings)
-        self.summary_filename = summary_filename
+        self.summary_filename, self.summary_dir = summary_filename, summary_dir
         self.engine = HybridEngine(self.config, info=rank_zero_info, warn=rank_zero_warn)
         self.predictor: DynamicsPredictor | None = None
         self.monitor: DivergenceMonitor | None = None
@@ -105,6 +112,13 @@ class HybridScheduler(HybridComponent):
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not any(optimizer.param_groups for optimizer in trainer.optimizers):  # Lightning's stand-in has none
+            # plain Lightning trains without an optimizer, with a warning; so does this run
+            rank_zero_warn(
+                "hybrid: `configure_optimizers` returned no optimizer, so nothing to predict: the plugin "
+                "steps aside and this fit is plain Lightning's."
+            )
+            return
         if len(trainer.optimizers) != 1:
             raise MisconfigurationException(
                 f"Hybrid training supports exactly one optimizer (several param groups are fine); "
@@ -137,7 +151,7 @@ class HybridScheduler(HybridComponent):
 
     @override
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, idx: int) -> None:
-        if self._in_step:
+        if self._in_step or not self.engine.bound:
             return  # another micro-batch of an accumulated step
         self._in_step = True
         self.engine.begin_step()
@@ -147,6 +161,8 @@ class HybridScheduler(HybridComponent):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
     ) -> None:
         engine = self.engine
+        if not engine.bound:
+            return
         if engine.step.phase is Phase.PREDICT:
             engine.record.counters.backward_skipped += 1
         if trainer.global_step == engine.global_step:
@@ -168,23 +184,20 @@ class HybridScheduler(HybridComponent):
                 logger.log_metrics({"hybrid/unverified": 1.0}, step=trainer.global_step)
 
     @override
-    def on_save_checkpoint(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
-    ) -> None:
-        """Mark a checkpoint written inside a segment: it resumes exactly (the snapshot is in this callback's
-        state), but its model weights are unverified predictions."""
-        checkpoint[UNVERIFIED_KEY] = self.engine.unverified
-
-    @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.engine.end_fit()  # however training ended: max_steps, EarlyStopping, max_time, an interruption
-        self.engine.record.stop_clock()
+        if self.engine.bound:
+            self.engine.end_fit()  # however training ended: max_steps, EarlyStopping, max_time, an interruption
+            self.engine.record.stop_clock()
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         summary = self.summary(trainer)
-        directory = trainer.log_dir or trainer.default_root_dir  # a broadcast: every rank must ask
-        if trainer.is_global_zero:
+        if summary["steps_total"] == 0:  # `max_epochs=0`, or no optimizer: nothing of the plugin's to report
+            return
+        directory = self.summary_dir
+        if directory is None and trainer.loggers:
+            directory = trainer.log_dir  # a broadcast: every rank must ask
+        if directory is not None and trainer.is_global_zero:
             os.makedirs(directory, exist_ok=True)
             with open(os.path.join(directory, self.summary_filename), "w") as f:
                 json.dump(summary, f, indent=2)
@@ -211,7 +224,7 @@ class HybridScheduler(HybridComponent):
 
     @override
     def _state(self) -> dict[str, Any]:
-        return self.engine.state_dict()
+        return {**self.engine.state_dict(), UNVERIFIED: self.engine.unverified}
 
     @override
     def _load(self, state: dict[str, Any]) -> None:
@@ -219,7 +232,19 @@ class HybridScheduler(HybridComponent):
 
     @override
     def _migrate(self, state: dict[str, Any], version: int) -> dict[str, Any]:
-        return self.engine.migrate_v1(state) if version == 1 else state
+        if version == 1:
+            state = self.engine.migrate_v1(state)
+        return {UNVERIFIED: False, **state}  # version 2 kept the flag at the checkpoint's top level
+
+
+def is_unverified_checkpoint(checkpoint: dict[str, Any]) -> bool:
+    """Whether a loaded checkpoint was written inside an unverified prediction (a Predict segment, or a jump
+    awaiting its verdict): it resumes exactly, but its model weights may yet be rolled back. Reads this release's
+    layout and the top-level flag of checkpoints of state version 2."""
+    if OLD_UNVERIFIED_KEY in checkpoint:
+        return bool(checkpoint[OLD_UNVERIFIED_KEY])
+    states = checkpoint.get("callbacks", {})
+    return any(bool(v.get(UNVERIFIED)) for k, v in states.items() if k.split("{")[0] == HybridScheduler.__name__)
 
 
 def find_scheduler(trainer: pl.Trainer) -> HybridScheduler | None:

@@ -69,6 +69,10 @@ class HybridEngine:
         self.info, self._warn = info, warn
 
     # -- wiring --------------------------------------------------------------------------------------------------
+    @property
+    def bound(self) -> bool:
+        return self.store is not None
+
     def connect(self, parts: Components) -> None:
         self.parts = parts
         self.family = family_of(parts.predictor)(self)
@@ -276,8 +280,7 @@ class HybridEngine:
         return engine_state(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        load_engine_state(self, state)
-        self._restored = True
+        self._restored = load_engine_state(self, state)
 
     def migrate_v1(self, state: dict[str, Any]) -> dict[str, Any]:
         """A checkpoint of state version 1 in this version's layout (the family must be connected)."""

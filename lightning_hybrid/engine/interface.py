@@ -20,6 +20,12 @@ class StepHandler(Protocol):
     """What a hybrid strategy routes ``training_step``, ``backward`` and ``optimizer_step`` through. Each call gets
     the strategy's own implementation as ``run``, to call (ordinary steps) or leave out (predicted ones)."""
 
+    @property
+    def bound(self) -> bool:
+        """Whether a fit's training is under way with this handler (its optimizer taken): only then are steps
+        routed through it. A fit run by another set of callbacks (the LR finder's and the batch-size finder's
+        trial fits) trains as plain Lightning."""
+
     def training_step(self, run: Callable[[], Any]) -> Any:
         """``run()`` calls the module's ``training_step``."""
 

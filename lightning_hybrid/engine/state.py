@@ -1,9 +1,10 @@
 """The engine's checkpointed state, one part per owner, and the migration from the layout before it.
 
-Version 2 (this one): ``{"machine", "policy", "record", "deferred", "family": {"name", ...}}``, each part written by
-its owner. Version 1 was one flat dictionary (the layout the scheduler wrote before the engine was split into
-parts, kept by the engine of mixins, with keys added later read with defaults); :func:`migrate_v1` turns it into
-version 2, moving what outer's jumps counted as segments to the jump counters.
+Since version 2: ``{"machine", "policy", "record", "deferred", "family": {"name", ...}}``, each part written by its
+owner; ``"family"`` is ``None`` for an engine no ``fit`` has connected yet (a checkpoint saved before ``fit``, or
+after ``validate``), whose state is a fresh run's. Version 1 was one flat dictionary (the layout the scheduler wrote
+before the engine was split into parts, kept by the engine of mixins, with keys added later read with defaults);
+:func:`migrate_v1` turns it into version 2, moving what outer's jumps counted as segments to the jump counters.
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ def engine_state(engine: Any) -> dict[str, Any]:
         "record": engine.record.state_dict(),
         # quiet steps not read yet: the components' states do not hold them; a resumed run learns from them next
         "deferred": [d.to_dict() for d in engine.deferred],
-        "family": {"name": engine.family.name, **engine.family.state_dict()},
+        "family": None if engine.family is None else {"name": engine.family.name, **engine.family.state_dict()},
     }
 
 
-def load_engine_state(engine: Any, state: dict[str, Any]) -> None:
+def load_engine_state(engine: Any, state: dict[str, Any]) -> bool:
+    """Restore ``state``; returns whether it held a family's run (one written before any ``fit`` did not)."""
     family = state["family"]
-    if family["name"] != engine.family.name:
+    if family is not None and engine.family is not None and family["name"] != engine.family.name:
         raise ValueError(
             f"HybridScheduler: the checkpoint was written by a run of the {family['name']!r} prediction family, but "
             f"this run's predictor is run by {engine.family.name!r}; resume it with the predictor that wrote it"
@@ -37,7 +39,9 @@ def load_engine_state(engine: Any, state: dict[str, Any]) -> None:
     engine.policy.load_state_dict(state["policy"])
     engine.record.load_state_dict(state["record"])
     engine.deferred = [Deferred.from_dict(d) for d in state["deferred"]]
-    engine.family.load_state_dict(family)
+    if family is not None and engine.family is not None:
+        engine.family.load_state_dict(family)
+    return family is not None
 
 
 def migrate_v1(state: dict[str, Any], family: Any) -> dict[str, Any]:
