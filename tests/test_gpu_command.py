@@ -28,7 +28,8 @@ def test_the_dry_run_runs_every_part_and_a_second_call_resumes(tmp_path):
     overheads = json.loads((tmp_path / "overheads.json").read_text())["result"]
     assert {"backed_off", "tracking", "outer", "outer_on_host"} <= set(overheads["hybrid_over_plain"])
     record = json.loads((tmp_path / "gpt2.json").read_text())
-    assert record["complete"] and len(record["runs"]) == gpu.GPT2_RUNS == 29 and record["plan"]["steps"] == 8
+    # 3 compared rates x 3 seeds x (plain, the default), and plain alone at 2 more rates
+    assert record["complete"] and len(record["runs"]) == gpu.GPT2_RUNS == 3 * 3 * 2 + 2 and record["plan"]["steps"] == 8
     rates = [record["plan"]["lr"] * factor for factor in (1, 1 / 3, 3)]
     assert set(record["comparisons"]) == {f"lr{lr:.3g}_{c}" for lr in rates for c in gpu.GPT2_CONFIGS}
     assert all(None not in row["loss_equal_steps"] for row in record["comparisons"].values())
