@@ -1,0 +1,173 @@
+"""The plugin's host work per step (issue 50): its Python, measured where the model does almost nothing.
+
+    python -m benchmarks.host_work                          # 600 steps, 5 rounds: benchmarks/results/host_work/
+    python -m benchmarks.host_work --steps 60 --rounds 1 --out /tmp/host   # a quick look
+
+A tiny MLP (32 -> 64 -> 10, batch 8, AdamW) on fixed batches, one torch thread: a step of plain Lightning costs a
+few hundred microseconds, so what the plugin adds is its own host work, which on a GPU is wall time unless the
+device's step hides it. Plain Lightning and each mode alternate in pairs in this process, ``--rounds`` times. A callback
+listed last reads the process's CPU time at every batch end, so a step's time brackets every callback's hooks.
+Per mode and round: the median step above plain's median step of the pair, in microseconds, over
+
+- ``quiet``: steps that neither make a jump nor end a cycle (the default between jumps);
+- ``cycle``: all steps after warmup, so a jump and a cycle's end are amortised over the cycle;
+
+then the median and range over rounds. Modes: the default stepping aside (a limit no cycle meets: no cycle judged,
+no jump), the default judging and jumping every cycle, and the per-step mode backed off and tracking every update.
+A profile of one run of the default, its top entries by the plugin's own time, stands beside the figures.
+Not a timed test: the suite runs it at a few steps only so that it cannot rot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import pstats
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from benchmarks.report import write_atomic
+from benchmarks.run import RESULTS, machine
+from lightning_hybrid import HybridPredictStrategy, hybrid_callbacks
+
+OUT = RESULTS / "host_work"
+MODES: dict[str, dict[str, Any]] = {  # mode -> hybrid_callbacks settings
+    "default_aside": {"verify_resolution": 1e-12},
+    "default_jumping": {"verify_resolution": 0.0},
+    "per_step_backed_off": {"predictor": "linear", "enable_prediction": False},
+    "per_step_tracking": {"predictor": "linear", "confidence_threshold": 1.0, "backoff_after": 0},
+}
+GOALS_US = {"default_aside": 50, "default_jumping": 100, "per_step_backed_off": 100}
+
+
+class TinyMLP(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return nn.functional.cross_entropy(self.net(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+
+class StepClock(L.Callback):
+    """The process's CPU time at every batch end: the differences are whole steps, every callback's hooks in."""
+
+    def __init__(self) -> None:
+        self.stamps: list[float] = []
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        self.stamps.append(time.process_time())
+
+    def steps_us(self) -> list[float]:
+        """Step ``i`` (0-based, from the second) took ``steps_us()[i - 1]`` microseconds."""
+        return [(b - a) * 1e6 for a, b in zip(self.stamps, self.stamps[1:])]
+
+
+def _fit(steps: int, settings: dict[str, Any] | None) -> tuple[list[float], Any]:
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(8 * steps, 32), torch.randint(0, 10, (8 * steps,)))
+    clock = StepClock()
+    hybrid = [] if settings is None else hybrid_callbacks(**settings)
+    trainer = L.Trainer(
+        max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, strategy=HybridPredictStrategy() if hybrid else "auto", callbacks=[*hybrid, clock],
+    )  # fmt: skip
+    trainer.fit(TinyMLP(), DataLoader(data, batch_size=8))
+    return clock.steps_us(), hybrid[0].config if hybrid else None
+
+
+def _positions(steps: int, config: Any) -> tuple[list[int], list[int]]:
+    """Indices (into ``steps_us``, step ``i + 2``) of the quiet steps and of all steps after warmup."""
+    after = [i for i in range(steps - 1) if i + 2 > config.warmup_steps]
+    quiet = [i for i in after if (i + 2 - config.warmup_steps) % config.full_steps not in (0, 1)]
+    return quiet, after
+
+
+def measure(steps: int, rounds: int) -> dict[str, Any]:
+    above: dict[str, dict[str, list[float]]] = {m: {"quiet": [], "cycle": []} for m in MODES}
+    plain_us: list[float] = []
+    for _ in range(rounds):
+        for mode, settings in MODES.items():  # each mode right after its own plain run: load drifts between pairs
+            plain = statistics.median(_fit(steps, None)[0][10:])
+            plain_us.append(plain)
+            times, config = _fit(steps, settings)
+            quiet, after = _positions(steps, config)
+            above[mode]["quiet"].append(statistics.median([times[i] for i in quiet]) - plain)
+            above[mode]["cycle"].append(statistics.fmean([times[i] for i in after]) - plain)
+    spread = lambda v: {"median": statistics.median(v), "min": min(v), "max": max(v), "rounds": v}  # noqa: E731
+    return {"plain_step_us": spread(plain_us), "above_plain_us": {m: {k: spread(v) for k, v in a.items()}
+                                                                  for m, a in above.items()}}  # fmt: skip
+
+
+def profile(steps: int, top: int = 12) -> list[dict[str, Any]]:
+    """The plugin's functions with the most time of their own over one run of the default (jumping)."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    _fit(steps, MODES["default_jumping"])
+    profiler.disable()
+    stats = pstats.Stats(profiler).stats
+    rows = [
+        {
+            "function": f"{Path(file).name}:{line} {name}",
+            "calls": calls,
+            "own_ms": own * 1e3,
+            "with_callees_ms": cum * 1e3,
+        }
+        for (file, line, name), (_, calls, own, cum, _) in stats.items()
+        if "lightning_hybrid" in file
+    ]
+    return sorted(rows, key=lambda r: -r["own_ms"])[:top]
+
+
+def markdown(result: dict[str, Any]) -> str:
+    rows = [
+        "| mode | quiet step, µs above plain | a cycle's steps on average, µs above plain | goal |",
+        "|---|---|---|---|",
+    ]
+    for mode, parts in result["above_plain_us"].items():
+        cells = [f"{p['median']:.0f} ({p['min']:.0f} to {p['max']:.0f})" for p in (parts["quiet"], parts["cycle"])]
+        rows.append(f"| {mode} | {cells[0]} | {cells[1]} | {GOALS_US.get(mode, '-')} |")
+    plain = result["plain_step_us"]
+    top = "\n".join(f"| {r['function']} | {r['calls']} | {r['own_ms']:.1f} | {r['with_callees_ms']:.1f} |"
+                    for r in result["profile"])  # fmt: skip
+    command = f"python -m benchmarks.host_work --steps {result['steps']} --rounds {result['rounds']}"
+    return (
+        f"# Host work per step\n\n`{command}`"
+        f" ({result['date']}; {result['machine']['processor']}, torch {result['machine']['torch']}, one thread). "
+        f"Plain Lightning's step: {plain['median']:.0f} µs ({plain['min']:.0f} to {plain['max']:.0f}). Medians over "
+        "rounds, ranges in brackets; the module's docstring says how.\n\n"
+        + "\n".join(rows)
+        + "\n\nProfile of one run of the default (jumping), the plugin's functions by their own time:\n\n"
+        "| function | calls | own ms | with callees ms |\n|---|---|---|---|\n" + top + "\n"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    result = {"steps": args.steps, "rounds": args.rounds, "machine": machine(), "date": time.strftime("%Y-%m-%d")}
+    result |= {**measure(args.steps, args.rounds), "profile": profile(args.steps)}
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_atomic(args.out / "host_work.json", json.dumps(result, indent=1))
+    write_atomic(args.out / "README.md", markdown(result))
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()
