@@ -13,7 +13,9 @@ Per mode and round: the median step above plain's median step of the pair, in mi
 - ``cycle``: all steps after warmup, so a jump and a cycle's end are amortised over the cycle;
 
 then the median and range over rounds. Modes: the default stepping aside (a limit no cycle meets: no cycle judged,
-no jump), the default judging and jumping every cycle, and the per-step mode backed off and tracking every update.
+no jump), the default judging and jumping every cycle (with AdamW as it is, which every ordinary step must read
+to the host to skip a non-finite update, and fused, which skips it on the device so that quiet steps read nothing),
+and the per-step mode backed off and tracking every update.
 A profile of one run of the default, its top entries by the plugin's own time, stands beside the figures.
 Not a timed test: the suite runs it at a few steps only so that it cannot rot.
 """
@@ -39,9 +41,10 @@ from benchmarks.run import RESULTS, machine
 from lightning_hybrid import HybridPredictStrategy, hybrid_callbacks
 
 OUT = RESULTS / "host_work"
-MODES: dict[str, dict[str, Any]] = {  # mode -> hybrid_callbacks settings
+MODES: dict[str, dict[str, Any]] = {  # mode -> hybrid_callbacks settings (and, as `fused`, the optimizer's)
     "default_aside": {"verify_resolution": 1e-12},
     "default_jumping": {"verify_resolution": 0.0},
+    "default_jumping_fused": {"verify_resolution": 0.0, "fused": True},  # quiet steps guarded on the device
     "per_step_backed_off": {"predictor": "linear", "enable_prediction": False},
     "per_step_tracking": {"predictor": "linear", "confidence_threshold": 1.0, "backoff_after": 0},
 }
@@ -49,16 +52,17 @@ GOALS_US = {"default_aside": 50, "default_jumping": 100, "per_step_backed_off": 
 
 
 class TinyMLP(L.LightningModule):
-    def __init__(self) -> None:
+    def __init__(self, fused: bool = False) -> None:
         super().__init__()
         self.net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+        self.fused = fused
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = batch
         return nn.functional.cross_entropy(self.net(x), y)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+        return torch.optim.AdamW(self.parameters(), lr=1e-3, fused=self.fused or None)
 
 
 class StepClock(L.Callback):
@@ -75,7 +79,7 @@ class StepClock(L.Callback):
         return [(b - a) * 1e6 for a, b in zip(self.stamps, self.stamps[1:])]
 
 
-def _fit(steps: int, settings: dict[str, Any] | None) -> tuple[list[float], Any]:
+def _fit(steps: int, settings: dict[str, Any] | None, fused: bool = False) -> tuple[list[float], Any]:
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(8 * steps, 32), torch.randint(0, 10, (8 * steps,)))
     clock = StepClock()
@@ -84,7 +88,7 @@ def _fit(steps: int, settings: dict[str, Any] | None) -> tuple[list[float], Any]
         max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, strategy=HybridPredictStrategy() if hybrid else "auto", callbacks=[*hybrid, clock],
     )  # fmt: skip
-    trainer.fit(TinyMLP(), DataLoader(data, batch_size=8))
+    trainer.fit(TinyMLP(fused), DataLoader(data, batch_size=8))
     return clock.steps_us(), hybrid[0].config if hybrid else None
 
 
@@ -100,9 +104,11 @@ def measure(steps: int, rounds: int) -> dict[str, Any]:
     plain_us: list[float] = []
     for _ in range(rounds):
         for mode, settings in MODES.items():  # each mode right after its own plain run: load drifts between pairs
-            plain = statistics.median(_fit(steps, None)[0][10:])
+            settings = dict(settings)
+            fused = settings.pop("fused", False)  # plain of the pair steps the same optimizer
+            plain = statistics.median(_fit(steps, None, fused)[0][10:])
             plain_us.append(plain)
-            times, config = _fit(steps, settings)
+            times, config = _fit(steps, settings, fused)
             quiet, after = _positions(steps, config)
             above[mode]["quiet"].append(statistics.median([times[i] for i in quiet]) - plain)
             above[mode]["cycle"].append(statistics.fmean([times[i] for i in after]) - plain)
