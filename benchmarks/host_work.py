@@ -1,7 +1,7 @@
 """The plugin's host work per step (issue 50): its Python, measured where the model does almost nothing.
 
     python -m benchmarks.host_work                          # 600 steps, 5 rounds: benchmarks/results/host_work/
-    python -m benchmarks.host_work --steps 60 --rounds 1 --out /tmp/host   # a quick look
+    python -m benchmarks.host_work --steps 160 --rounds 1 --out host_work_quick   # a quick look
 
 A tiny MLP (32 -> 64 -> 10, batch 8, AdamW) on fixed batches, one torch thread: a step of plain Lightning costs a
 few hundred microseconds, so what the plugin adds is its own host work, which on a GPU is wall time unless the
