@@ -65,7 +65,7 @@ class TinyMLP(L.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=1e-3, fused=self.fused or None)
 
 
-class StepClock(L.Callback):
+class BatchEndStamps(L.Callback):
     """The process's CPU time at every batch end: the differences are whole steps, every callback's hooks in."""
 
     def __init__(self) -> None:
@@ -82,7 +82,7 @@ class StepClock(L.Callback):
 def _fit(steps: int, settings: dict[str, Any] | None, fused: bool = False) -> tuple[list[float], Any]:
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(8 * steps, 32), torch.randint(0, 10, (8 * steps,)))
-    clock = StepClock()
+    clock = BatchEndStamps()
     hybrid = [] if settings is None else hybrid_callbacks(**settings)
     trainer = L.Trainer(
         max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,

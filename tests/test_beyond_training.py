@@ -9,22 +9,23 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.tuner import Tuner
 from torch.utils.data import DataLoader
 
-from lightning_hybrid import HybridPredictStrategy, hybrid_callbacks, is_unverified_checkpoint
+from lightning_hybrid import hybrid_callbacks, is_unverified_checkpoint
 from lightning_hybrid.callbacks.base import STATE_VERSION
 from tests.golden import DATA
-from tests.helpers import RULE, RegressionModel, flat_params, loader, regression_data, scheduler_of
+from tests.helpers import RULE, RegressionModel, flat_params, hybrid_trainer, loader, regression_data, scheduler_of
 
 LIGHTNING_KEYS = {"epoch", "global_step", "pytorch-lightning_version", "state_dict", "loops", "callbacks"}
 LIGHTNING_KEYS |= {"optimizer_states", "lr_schedulers", "hparams_name", "hyper_parameters"}
 
 
-def _trainer(root, hybrid: bool = True, **kwargs) -> L.Trainer:
-    kwargs = {"max_steps": 30, "logger": False, "enable_progress_bar": False, "enable_model_summary": False, **kwargs}
-    if hybrid:
-        kwargs.update(
-            strategy=HybridPredictStrategy(), callbacks=[*kwargs.get("callbacks", []), *hybrid_callbacks(**RULE)]
-        )
-    return L.Trainer(default_root_dir=root, accelerator="cpu", **kwargs)
+def _trainer(root, hybrid: bool = True, max_steps: int = 30, callbacks=(), **kwargs) -> L.Trainer:
+    """``hybrid_trainer`` with the rule on short cycles and no logger; plain Lightning when not ``hybrid``."""
+    plain = {} if hybrid else {"strategy": "auto"}
+    trainer, _ = hybrid_trainer(
+        max_steps, hybrid=hybrid_callbacks(**RULE) if hybrid else [], extra_callbacks=list(callbacks), logger=False,
+        default_root_dir=root, **plain, **kwargs,
+    )  # fmt: skip
+    return trainer
 
 
 def _scheduler_state(checkpoint: dict) -> dict:
@@ -99,7 +100,7 @@ def test_a_checkpoint_saved_outside_fit_loads_and_resumes(tmp_path, when):
 
 def test_the_plugins_state_lives_under_its_callbacks_and_nothing_lands_beside_the_checkpoints(tmp_path):
     every = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=10, save_top_k=-1)
-    trainer = _trainer(tmp_path, callbacks=[every])
+    trainer = _trainer(tmp_path, callbacks=[every], enable_checkpointing=True)
     trainer.fit(RegressionModel(), loader())
     files = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
     assert files and all(name.endswith(".ckpt") for name in files)
@@ -137,10 +138,9 @@ def _compiled_run(root, compiled: bool, ckpt_path=None, max_steps: int = 40):
     (dynamo's graph capture with the eager backend: the same kernels as uncompiled, so the same bits)."""
     every = ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=4, save_top_k=-1, filename="{step}")
     hybrid = hybrid_callbacks(**RULE, outer_lr=1.5, outer_momentum=0.6, keep_norms=False, restart=False)
-    trainer = L.Trainer(
-        default_root_dir=root, accelerator="cpu", max_steps=max_steps, logger=False, enable_progress_bar=False,
-        strategy=HybridPredictStrategy(), callbacks=[*hybrid, *([every] if ckpt_path is None else [])],
-        enable_checkpointing=ckpt_path is None,
+    trainer, _ = hybrid_trainer(
+        max_steps, hybrid=hybrid, extra_callbacks=[every] if ckpt_path is None else [], logger=False,
+        default_root_dir=root, enable_checkpointing=ckpt_path is None,
     )  # fmt: skip
     model = RegressionModel(lr=3e-2)
     trainer.fit(torch.compile(model, backend="eager") if compiled else model, loader(64, 16), ckpt_path=ckpt_path)

@@ -152,7 +152,7 @@ class HybridScheduler(HybridComponent):
     @override
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, idx: int) -> None:
         if self._in_step or not self.engine.bound:
-            return  # another micro-batch of an accumulated step
+            return  # another micro-batch of an accumulated step, or a fit the plugin stands aside from
         self._in_step = True
         self.engine.begin_step()
 
