@@ -1,6 +1,6 @@
 """The plugin's host work per step (issue 50): its Python, measured where the model does almost nothing.
 
-    python -m benchmarks.host_work                          # 600 steps, 5 rounds: benchmarks/results/host_work/
+    python -m benchmarks.host_work                          # 1000 steps, 7 rounds: benchmarks/results/host_work/
     python -m benchmarks.host_work --steps 160 --rounds 1 --out host_work_quick   # a quick look
 
 A tiny MLP (32 -> 64 -> 10, batch 8, AdamW) on fixed batches, one torch thread: a step of plain Lightning costs a
@@ -10,13 +10,17 @@ listed last reads the process's CPU time at every batch end, so a step's time br
 Per mode and round: the median step above plain's median step of the pair, in microseconds, over
 
 - ``quiet``: steps that neither make a jump nor end a cycle (the default between jumps);
-- ``cycle``: all steps after warmup, so a jump and a cycle's end are amortised over the cycle;
+- ``cycle``: the mean over all steps after warmup, against plain's mean over the same steps, so a jump and a
+  cycle's end are amortised over the cycle;
 
 then the median and range over rounds. Modes: the default stepping aside (a limit no cycle meets: no cycle judged,
 no jump), the default judging and jumping every cycle (with AdamW as it is, which every ordinary step must read
 to the host to skip a non-finite update, and fused, which skips it on the device so that quiet steps read nothing),
 and the per-step mode backed off and tracking every update.
-A profile of one run of the default, its top entries by the plugin's own time, stands beside the figures.
+Times on a shared machine spread widely, so two counts that do not vary stand beside them: per step above plain,
+over a whole run of each mode, the Python function calls (a profile's) and the tensor operations (torch's
+dispatcher's; on a GPU each is a kernel launch or a host-side op). A profile of one run of the default, its top
+entries by the plugin's own time, closes the report.
 Not a timed test: the suite runs it at a few steps only so that it cannot rot.
 """
 
@@ -34,6 +38,7 @@ from typing import Any
 import lightning as L
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import DataLoader, TensorDataset
 
 from benchmarks.report import write_atomic
@@ -106,15 +111,49 @@ def measure(steps: int, rounds: int) -> dict[str, Any]:
         for mode, settings in MODES.items():  # each mode right after its own plain run: load drifts between pairs
             settings = dict(settings)
             fused = settings.pop("fused", False)  # plain of the pair steps the same optimizer
-            plain = statistics.median(_fit(steps, None, fused)[0][10:])
-            plain_us.append(plain)
+            plain = _fit(steps, None, fused)[0]
+            plain_us.append(statistics.median(plain[10:]))
             times, config = _fit(steps, settings, fused)
             quiet, after = _positions(steps, config)
-            above[mode]["quiet"].append(statistics.median([times[i] for i in quiet]) - plain)
-            above[mode]["cycle"].append(statistics.fmean([times[i] for i in after]) - plain)
+            above[mode]["quiet"].append(statistics.median([times[i] for i in quiet]) - plain_us[-1])
+            above[mode]["cycle"].append(statistics.fmean([times[i] - plain[i] for i in after]))
     spread = lambda v: {"median": statistics.median(v), "min": min(v), "max": max(v), "rounds": v}  # noqa: E731
     return {"plain_step_us": spread(plain_us), "above_plain_us": {m: {k: spread(v) for k, v in a.items()}
                                                                   for m, a in above.items()}}  # fmt: skip
+
+
+class OpCount(TorchDispatchMode):
+    """Counts the tensor operations torch's dispatcher runs while it is active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _counted(steps: int, settings: dict[str, Any] | None, fused: bool) -> tuple[int, int]:
+    """Python calls and tensor operations over one run."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    _fit(steps, settings, fused)
+    profiler.disable()
+    with OpCount() as count:
+        _fit(steps, settings, fused)
+    return sum(v[1] for v in pstats.Stats(profiler).stats.values()), count.ops
+
+
+def counts(steps: int) -> dict[str, dict[str, float]]:
+    """Per mode: Python calls and tensor operations per step above plain's, over a whole run."""
+    out = {}
+    for mode, settings in MODES.items():
+        settings = dict(settings)
+        fused = settings.pop("fused", False)
+        plain, hybrid = _counted(steps, None, fused), _counted(steps, settings, fused)
+        out[mode] = {"python_calls": (hybrid[0] - plain[0]) / steps, "tensor_ops": (hybrid[1] - plain[1]) / steps}
+    return out
 
 
 def profile(steps: int, top: int = 12) -> list[dict[str, Any]]:
@@ -139,12 +178,17 @@ def profile(steps: int, top: int = 12) -> list[dict[str, Any]]:
 
 def markdown(result: dict[str, Any]) -> str:
     rows = [
-        "| mode | quiet step, µs above plain | a cycle's steps on average, µs above plain | goal |",
-        "|---|---|---|---|",
+        "| mode | quiet step, µs above plain | a cycle's steps on average, µs above plain | goal | Python calls a "
+        "step above plain | tensor ops a step above plain |",
+        "|---|---|---|---|---|---|",
     ]
     for mode, parts in result["above_plain_us"].items():
         cells = [f"{p['median']:.0f} ({p['min']:.0f} to {p['max']:.0f})" for p in (parts["quiet"], parts["cycle"])]
-        rows.append(f"| {mode} | {cells[0]} | {cells[1]} | {GOALS_US.get(mode, '-')} |")
+        count = result["counts"][mode]
+        rows.append(
+            f"| {mode} | {cells[0]} | {cells[1]} | {GOALS_US.get(mode, '-')} | {count['python_calls']:.0f} | "
+            f"{count['tensor_ops']:.1f} |"
+        )
     plain = result["plain_step_us"]
     top = "\n".join(f"| {r['function']} | {r['calls']} | {r['own_ms']:.1f} | {r['with_callees_ms']:.1f} |"
                     for r in result["profile"])  # fmt: skip
@@ -162,13 +206,13 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=600)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     result = {"steps": args.steps, "rounds": args.rounds, "machine": machine(), "date": time.strftime("%Y-%m-%d")}
-    result |= {**measure(args.steps, args.rounds), "profile": profile(args.steps)}
+    result |= {**measure(args.steps, args.rounds), "counts": counts(args.steps), "profile": profile(args.steps)}
     args.out.mkdir(parents=True, exist_ok=True)
     write_atomic(args.out / "host_work.json", json.dumps(result, indent=1))
     write_atomic(args.out / "README.md", markdown(result))

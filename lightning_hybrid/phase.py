@@ -15,9 +15,12 @@ class Phase(IntEnum):
 
     @property
     def label(self) -> str:
-        return self.name.lower()
+        return _LABELS[self]
 
     @property
     def ordinary(self) -> bool:
         """Whether steps in this phase run a real backward pass and optimizer step."""
         return self is not Phase.PREDICT
+
+
+_LABELS = {phase: phase.name.lower() for phase in Phase}  # asked at every step: built once

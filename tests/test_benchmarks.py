@@ -266,4 +266,6 @@ def test_the_host_work_benchmark_reports_every_mode_against_plain_and_a_profile(
     assert set(result["above_plain_us"]) == set(host_work.MODES) and len(result["plain_step_us"]["rounds"]) == 5
     assert all(len(part["rounds"]) == 1 for parts in result["above_plain_us"].values() for part in parts.values())
     assert result["profile"] and all(row["calls"] > 0 for row in result["profile"])
+    assert set(result["counts"]) == set(host_work.MODES)
+    assert all(c["python_calls"] > 0 and c["tensor_ops"] > 0 for c in result["counts"].values())  # the plugin's own
     assert "| default_jumping |" in (tmp_path / "README.md").read_text()

@@ -22,6 +22,20 @@ STATE_VERSION = 3
 
 LOAD_ERRORS = (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError)
 
+# The hooks Lightning calls on every callback at every training or validation batch. Each call costs about 2 µs of
+# host time (a profiler context, the state key) even when the hook does nothing; Lightning skips a hook that is not
+# callable. The hybrid components set those they do not define to ``None``.
+PER_BATCH_HOOKS = (
+    "on_train_batch_start",
+    "on_before_backward",
+    "on_after_backward",
+    "on_before_optimizer_step",
+    "on_before_zero_grad",
+    "on_train_batch_end",
+    "on_validation_batch_start",
+    "on_validation_batch_end",
+)
+
 
 @contextlib.contextmanager
 def _refusing(name: str, undo: Callable[[], None] | None = None) -> Iterator[None]:
@@ -49,6 +63,12 @@ class HybridComponent(Callback):
     it was if loading fails part-way. A state without a version was written before versioning, with the layout of
     version 1.
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for hook in PER_BATCH_HOOKS:
+            if getattr(cls, hook) is getattr(Callback, hook):  # Lightning's no-op: skipped as None
+                setattr(cls, hook, None)
 
     def _state(self) -> dict[str, Any]:
         return {}

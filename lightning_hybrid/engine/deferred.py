@@ -3,6 +3,7 @@ reads them with one transfer to the host before it learns from each, in order, a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +34,7 @@ class Deferred:
             "global_step": self.global_step,
             "seconds": self.seconds,
             "lrs": list(self.lrs),
-            "reading": _host(step.reading),
+            "reading": _host_reading(step.reading),
             "tracked": _host(self.tracked),
         }
 
@@ -54,6 +55,23 @@ def _host(values: Tensor | list | None) -> list | None:
     return values.tolist() if isinstance(values, Tensor) else values
 
 
+def host_reading(loss: float, grad_norm: float, skipped: float) -> list[float]:
+    """A quiet step's reading on the host, ``[loss, grad_norm, nonfinite, outlier]``, from what the device guard
+    returned: a skipped step with finite values was skipped for its gradient norm."""
+    nonfinite = not (math.isfinite(loss) and math.isfinite(grad_norm))
+    return [loss, grad_norm, float(nonfinite), float(bool(skipped) and not nonfinite)]
+
+
+def _host_reading(reading: tuple[Tensor, Tensor] | list[float] | None) -> list[float] | None:
+    if isinstance(reading, tuple):
+        return host_reading(*reading[0].tolist(), reading[1].item())
+    return reading
+
+
+def _device(reading: tuple[Tensor, Tensor] | list[float] | None) -> tuple:
+    return reading if isinstance(reading, tuple) else ()
+
+
 def _read(values: Tensor | list | None, flat: Iterator[float]) -> list | None:
     """``values``, a tensor whose numbers come next in ``flat``, as (nested) lists; anything else unchanged."""
     if not isinstance(values, Tensor):
@@ -65,11 +83,13 @@ def _read(values: Tensor | list | None, flat: Iterator[float]) -> list | None:
 def read_all(pending: list[Deferred], counters: RunCounters) -> None:
     """Bring every pending step's device values to the host in one transfer, and set each step's loss, gradient
     norm and whether its update was skipped (counted as the guard counts an ordinary step's)."""
-    on_device = [t for d in pending for t in (d.step.reading, d.tracked) if isinstance(t, Tensor)]
+    on_device = [t for d in pending for t in (*_device(d.step.reading), d.tracked) if isinstance(t, Tensor)]
     if on_device:
-        flat = iter(torch.cat([t.flatten() for t in on_device]).tolist())
+        flat = iter(torch.cat([t.reshape(-1) for t in on_device]).tolist())  # each step's reading, then tracked
         for d in pending:
-            d.step.reading, d.tracked = _read(d.step.reading, flat), _read(d.tracked, flat)
+            if isinstance(d.step.reading, tuple):
+                d.step.reading = host_reading(next(flat), next(flat), next(flat))
+            d.tracked = _read(d.tracked, flat)
     for entry in pending:
         step = entry.step
         if step.reading is None:

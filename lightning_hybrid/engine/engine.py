@@ -65,6 +65,7 @@ class HybridEngine:
         self.last_step: int | None = None  # where training will end, if known
         self.world_size = 1
         self.deferred: list[Deferred] = []  # quiet steps not read yet, oldest first
+        self.skips_on_device = False  # the bound optimizer's update can be skipped on the device (a quiet step)
         self._restored = False  # a checkpoint was loaded since the last bind
         self.info, self._warn = info, warn
 
@@ -94,6 +95,7 @@ class HybridEngine:
         end, where known, so that no prediction is made that the run cannot verify."""
         self.collectives = collectives
         self.step_guard = StepGuard(collectives, scaler)
+        self.skips_on_device = self.step_guard.skips_on_device(optimizer)
         self.automatic = automatic
         self.global_step, self.world_size, self.last_step = global_step, world_size, last_step
         self._build_store(optimizer, buffers)
@@ -156,11 +158,11 @@ class HybridEngine:
     # -- one step ------------------------------------------------------------------------------------------------
     def begin_step(self) -> None:
         phase, store = self.machine.phase, self.store
-        backed_off = phase.ordinary and self.policy.backed_off(self.global_step, store.lrs())
+        backed_off = phase.ordinary and self.policy.backed_off(self.global_step, store.lrs)
         self.step = step = StepRecord(phase=phase, backed_off=backed_off)
         # quiet: nothing to verify, and what there is to learn can wait: guarded on the device, read later
-        step.quiet = self.family.begin_step(step) and self.step_guard.skips_on_device(store.optimizer)
-        if not step.quiet:
+        step.quiet = self.family.begin_step(step) and self.skips_on_device
+        if not step.quiet and self.deferred:
             self.read_deferred()
         step.started = time.perf_counter()
 

@@ -24,6 +24,8 @@ from lightning_hybrid.engine.record import StepRecord
 from lightning_hybrid.stats import sq_norm
 from lightning_hybrid.summary import RunCounters
 
+FLOAT32_MAX = torch.finfo(torch.float32).max
+
 
 @dataclass
 class Reading:
@@ -46,6 +48,9 @@ class StepGuard:
     def __init__(self, collectives: Collectives, scaler: Any = None) -> None:
         self.collectives = collectives
         self.scaler = scaler
+        self.device = collectives.root_device  # asked once: a strategy's property builds it on every call
+        self.sharded = collectives.sharded
+        self._limit, self._bounds_now = math.nan, torch.empty(0)  # see _bounds
 
     def check(
         self,
@@ -77,17 +82,30 @@ class StepGuard:
         if step.skipped:
             self.skip(optimizer, reading.grads)
 
+    def _grads(self, owners: list[Tensor]) -> list[Tensor]:
+        if self.sharded:
+            local = self.collectives.local_tensor
+            return [local(p.grad) for p in owners if p.grad is not None]
+        return [p.grad for p in owners if p.grad is not None]
+
+    def _measure(self, grads: list[Tensor], loss_sum: Tensor | None) -> Tensor:
+        """``[loss, gradient norm]`` on the device, averaged over ranks: a mean is non-finite if any rank's is, and
+        every rank takes the same decision."""
+        device = self.device
+        loss = loss_sum if loss_sum is not None else torch.full((), math.nan, device=device)
+        grad_norm = (
+            self.collectives.sum_across_ranks(sq_norm(grads)).sqrt() if grads else torch.zeros((), device=device)
+        )
+        values = torch.stack([loss.to(device=device, dtype=torch.float32), grad_norm.float()])
+        return self.collectives.reduce(values, reduce_op="mean")
+
     def read(self, owners: list[Tensor], loss_sum: Tensor | None) -> Reading | None:
-        """The step's reading; ``None`` when the user's ``training_step`` skipped the batch (no loss, no grads)."""
-        local = self.collectives.local_tensor
-        grads = [local(p.grad) for p in owners if p.grad is not None]
+        """The step's reading; ``None`` when the user's ``training_step`` skipped the batch (no loss, no grads).
+        Measured as a quiet step is, so that reading every step learns bitwise what quiet steps learn."""
+        grads = self._grads(owners)
         if loss_sum is None and not grads:
             return None
-        device = self.collectives.root_device
-        loss = loss_sum if loss_sum is not None else torch.full((), math.nan, device=device)
-        grad_sq = sq_norm(grads) if grads else torch.zeros((), device=device)
-        grad_norm = self.collectives.sum_across_ranks(grad_sq).sqrt()
-        loss_v, grad_norm_v = self.mean_over_ranks([loss, grad_norm])  # a mean is non-finite if any rank's is
+        loss_v, grad_norm_v = self._measure(grads, loss_sum).tolist()
         finite = math.isfinite(loss_v) and math.isfinite(grad_norm_v)
         if self.scaler is not None:
             grad_norm_v /= float(self.scaler.get_scale())
@@ -99,31 +117,33 @@ class StepGuard:
 
     def check_on_device(
         self, optimizer: Optimizer, owners: list[Tensor], loss_sum: Tensor | None, outlier_limit: float
-    ) -> Tensor | None:
+    ) -> tuple[Tensor, Tensor] | None:
         """Guard a quiet step on the device: the update is skipped when the loss or gradient norm is non-finite or
-        the norm exceeds ``outlier_limit``. Returns ``[loss, grad_norm, nonfinite, outlier]`` (a device tensor,
-        agreed over ranks) for a later read, or ``None`` when the user's ``training_step`` skipped the batch."""
-        local = self.collectives.local_tensor
-        grads = [local(p.grad) for p in owners if p.grad is not None]
+        the norm exceeds ``outlier_limit``. Returns ``[loss, grad_norm]`` and whether the update was skipped (1.0)
+        or not (0.0), device tensors agreed over ranks, for a later read (:func:`host_reading`); ``None`` when the
+        user's ``training_step`` skipped the batch. A few small kernels only: each is a launch on every quiet step."""
+        grads = self._grads(owners)
         if loss_sum is None and not grads:
             return None
-        device = self.collectives.root_device
-        loss = loss_sum if loss_sum is not None else torch.full((), math.nan, device=device)
-        grad_sq = sq_norm(grads) if grads else torch.zeros((), device=device)
-        grad_norm = self.collectives.sum_across_ranks(grad_sq).sqrt()
-        values = torch.stack([loss.to(device=device, dtype=torch.float32), grad_norm.float()])
-        values = self.collectives.reduce(values, reduce_op="mean")  # [loss, grad_norm]
+        values = self._measure(grads, loss_sum)
         if self.scaler is not None:  # unscaled by a device tensor: get_scale() would read it
             values = torch.cat([values[:1], values[1:] / self.scaler._get_scale_async()])
-        # few small kernels, as each is a launch on every quiet step: x * 0 is 0 for finite x, nan for inf or nan
-        nonfinite = (values * 0).ne(0).any()
-        outlier = values[1] > outlier_limit
-        bad = nonfinite | outlier
+        ok = (values.abs() <= self._bounds(outlier_limit)).all()  # finite, and the norm within the limit
+        skipped = ok.logical_not().float()
         if self.scaler is not None:
-            torch._foreach_mul_(grads, torch.where(bad, math.nan, 1.0))  # the scaler skips non-finite gradients
+            torch._foreach_mul_(grads, torch.where(ok, 1.0, math.nan))  # the scaler skips non-finite gradients
         else:
-            optimizer.found_inf, optimizer.grad_scale = bad.float(), None  # read by the fused step, as under AMP
-        return torch.cat([values, torch.stack([nonfinite, outlier]).float()])
+            optimizer.found_inf, optimizer.grad_scale = skipped, None  # read by the fused step, as under AMP
+        return values, skipped
+
+    def _bounds(self, outlier_limit: float) -> Tensor:
+        """``[|loss|, grad_norm]`` must be at most this to pass: a non-finite value is above any float32, a norm
+        above the limit is an outlier (compared in float32, as a tensor compares with a number). Built on the
+        device once per limit: the limit changes only when steps are read."""
+        if self._limit != outlier_limit:
+            bounds = [FLOAT32_MAX, min(outlier_limit, FLOAT32_MAX)]
+            self._limit, self._bounds_now = outlier_limit, torch.tensor(bounds, device=self.device)
+        return self._bounds_now
 
     def step_done(self, optimizer: Optimizer) -> None:
         """Take back the ``found_inf`` a quiet step handed the optimizer. A gradient scaler hands its own and takes
@@ -134,8 +154,7 @@ class StepGuard:
 
     def mean_over_ranks(self, values: list[Tensor]) -> list[float]:
         """Average scalars over ranks (identity on one device), so every rank takes the same decision."""
-        device = self.collectives.root_device
-        stacked = torch.stack([v.to(device=device, dtype=torch.float32) for v in values])
+        stacked = torch.stack([v.to(device=self.device, dtype=torch.float32) for v in values])
         return self.collectives.reduce(stacked, reduce_op="mean").tolist()
 
     def skip(self, optimizer: Optimizer, grads: list[Tensor]) -> None:

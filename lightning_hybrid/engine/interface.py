@@ -41,6 +41,8 @@ class StepHandler(Protocol):
 class Collectives(Protocol):
     """What the engine needs from the strategy to work on this rank's part of the parameters."""
 
+    sharded: bool  # whether each rank holds only shards of the parameters (``local_tensor`` is not the identity)
+
     @property
     def root_device(self) -> torch.device: ...
 
@@ -59,6 +61,8 @@ class Collectives(Protocol):
 
 class LocalCollectives:
     """:class:`Collectives` of a single process: what the engine uses when it runs without a Trainer."""
+
+    sharded = False
 
     def __init__(self, device: torch.device | str = "cpu") -> None:
         self.root_device = torch.device(device)

@@ -3,6 +3,7 @@ that turns prediction off after repeated failures. Plain Python: every rule is u
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from lightning_hybrid.config import HybridConfig
@@ -28,13 +29,14 @@ class PredictionPolicy:
         self.prediction_off = False
         self.gated = True  # the learning-rate gate applies (per-step predictors; trajectory rules are not gated)
 
-    def backed_off(self, global_step: int, lrs: list[float]) -> bool:
-        """Whether an ordinary step starting now skips update capture and predictor training."""
+    def backed_off(self, global_step: int, lrs: Callable[[], list[float]]) -> bool:
+        """Whether an ordinary step starting now skips update capture and predictor training (``lrs``: the
+        groups' learning rates now, asked only where the gate applies)."""
         cfg = self.config
         if not cfg.enable_prediction or self.prediction_off or global_step < self.backoff_until:
             return True
         limit = cfg.predict_lr_fraction
-        return self.gated and limit < 1.0 and any(lr > limit * peak for lr, peak in zip(lrs, self.lr_peak))
+        return self.gated and limit < 1.0 and any(lr > limit * peak for lr, peak in zip(lrs(), self.lr_peak))
 
     def start(self, lrs: list[float], gated: bool = True) -> None:
         """Training (re)starts: the learning rates now are the first peak, unless a checkpoint restored one."""

@@ -75,9 +75,9 @@ class PredictSegments(PredictionFamily):
         return True
 
     def track(self, step: StepRecord) -> Tensor | None:
-        if not (step.delta_ready and isinstance(step.reading, Tensor)):
+        if not (step.delta_ready and isinstance(step.reading, tuple)):
             return None
-        keep = 1.0 - step.reading[2:].amax()  # 0 when the guard skipped the update on the device
+        keep = 1.0 - step.reading[1]  # 0 when the guard skipped the update on the device
         return self.engine.parts.predictor.track(self.engine.store.buffer_groups, keep)
 
     def skip_tracked(self, tracked: Any) -> None:
