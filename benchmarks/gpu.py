@@ -44,9 +44,17 @@ from typing import Any
 import torch
 from omegaconf import open_dict
 
-from benchmarks.lrs import HYBRID, _record
-from benchmarks.report import write_atomic
-from benchmarks.run import RESULTS, compare_seed, fit, machine
+from benchmarks.harness import (
+    HYBRID,
+    IDLE_MODES,
+    RESULTS,
+    against_plain,
+    compare_seed,
+    fit,
+    machine,
+    record_from,
+    write_atomic,
+)
 from benchmarks.tasks import Length, compose_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -227,12 +235,10 @@ def fsdp(call: Call) -> dict[str, Any]:
 
 def overheads(call: Call) -> dict[str, Any]:
     """Hybrid runs that never predict, and ``outer``, against plain Lightning, alternating in this process."""
-    from benchmarks import overheads as bench
-
     size, steps, rounds = ("1M", 10, 1) if call.dry else ("25M", 200, 3)
     outer = {"outer": [*OUTER_ON_DEVICE, *OUTER_CYCLES], "outer_on_host": [*OUTER_ON_HOST, *OUTER_CYCLES]}
-    modes = {**bench.IDLE_MODES, **outer}
-    return bench.against_plain(size, steps, rounds, call.workdir, modes)
+    modes = {**IDLE_MODES, **outer}
+    return against_plain(size, steps, rounds, call.workdir, modes)
 
 
 # the default (the harness's `outer_norm_restart_res`), its state in host memory as on every CUDA run
@@ -298,7 +304,7 @@ def _gpt2_sweep(base: float, runs: dict[str, Any]) -> dict[str, Any]:
     finals = {}
     for factor in sorted(factor for factor, _ in GPT2_CELLS):
         if (run := runs.get(f"lr{base * factor:.3g}_seed0_plain")) is not None:
-            finals[f"{base * factor:.3g}"] = _record(run).curve.points[-1].val_loss
+            finals[f"{base * factor:.3g}"] = record_from(run).curve.points[-1].val_loss
     return {"final_val_loss_by_lr": finals, "tuned_lr": min(finals, key=finals.get)}
 
 
@@ -313,7 +319,7 @@ def _gpt2_comparisons(base: float, runs: dict[str, Any]) -> dict[str, Any]:
                 continue
             seeds = []
             for seed in range(GPT2_SEEDS):
-                plain, other = (_record(runs[f"lr{lr:.3g}_seed{seed}_{c}"]) for c in ("plain", config))
+                plain, other = (record_from(runs[f"lr{lr:.3g}_seed{seed}_{c}"]) for c in ("plain", config))
                 seeds.append(compare_seed(plain, other, plain.curve.points[-1].step))
             row: dict[str, Any] = {"loss_equal_steps": [s["loss_ratio_equal_steps"] for s in seeds]}
             for axis in ("backward", "wall_s"):

@@ -41,8 +41,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import DataLoader, TensorDataset
 
-from benchmarks.report import write_atomic
-from benchmarks.run import RESULTS, machine
+from benchmarks.harness import RESULTS, machine, write_atomic
 from lightning_hybrid import HybridPredictStrategy, hybrid_callbacks
 
 OUT = RESULTS / "host_work"

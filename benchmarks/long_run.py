@@ -24,8 +24,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from omegaconf import open_dict
 
-from benchmarks.overheads import PREDICTING, SIZES
-from benchmarks.run import RESULTS, fit_measured, machine
+from benchmarks.harness import PREDICTING, RESULTS, SIZES, fit_measured, machine
 from benchmarks.tasks import compose_run
 from lightning_hybrid.callbacks import find_scheduler
 from lightning_hybrid.callbacks.memory import proc_status

@@ -44,24 +44,25 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-import lightning as L
 import torch
-from omegaconf import open_dict
 
-from benchmarks.lrs import HYBRID
-from benchmarks.run import machine, results_folder
-from benchmarks.tasks import compose_run
+from benchmarks.harness import (
+    HYBRID,
+    IDLE_MODES,
+    PER_STEP,
+    PREDICTING,
+    SIZES,
+    TRACKING,
+    against_plain,
+    gpt_config,
+    machine,
+    results_folder,
+)
 from lightning_hybrid.callbacks import find_scheduler
 from lightning_hybrid.callbacks.memory import proc_status
 from lightning_hybrid.engine import PredictSegments
 from lightning_hybrid.runner import build_run
 
-SIZES = {  # overrides of the character GPT; parameters: 1.07M and 25.5M
-    "1M": ["model.n_layer=4", "model.n_embd=144", "model.n_head=4", "data.batch_size=32"],
-    "25M": ["model.n_layer=8", "model.n_embd=512", "model.n_head=8", "data.batch_size=8"],
-    # the same model on 4x the batch: the backward's activations, not the optimizer step, make the fit's peak
-    "25M_batch32": ["model.n_layer=8", "model.n_embd=512", "model.n_head=8", "data.batch_size=32"],
-}
 STEPS = {
     "1M": {"profile": 160, "overhead": 150, "rounds": 5, "memory": 60, "rules": 600},
     "25M": {"profile": 60, "overhead": 20, "rounds": 5, "memory": 30, "rules": 200},
@@ -70,17 +71,6 @@ STEPS = {
 PARTS = ("profile", "overhead", "rules", "memory")
 QUICK = {"profile": 40, "overhead": 20, "rounds": 1, "memory": 40, "rules": 60}
 QUICK_RULES = ["hybrid.warmup_steps=10", "hybrid.full_steps=10"]  # so that 60 steps hold jumps
-PREDICTING = [  # predict as often as possible, so every component is exercised many times
-    "predictor=linear",  # the per-step machinery these figures are about (the app's default is outer)
-    "hybrid.warmup_steps=20",
-    "hybrid.full_steps=10",
-    "hybrid.confidence_threshold=0.0",
-    "hybrid.predict_lr_fraction=1.0",
-    "hybrid.max_consecutive_rollbacks=1000",
-    "hybrid.exploration_plays=1000",
-]
-# label -> (component, methods); a call's cost includes the work it delegates. Metric logging is not listed: the
-# benchmark runs without a logger, and without one the scheduler builds no metrics at all.
 COMPONENTS = {
     "state encoding": ("encoder", ("observe", "features", "loss_trend")),
     "predictor observe + online training": ("predictor", ("observe",)),
@@ -92,14 +82,6 @@ COMPONENTS = {
     "corrector": ("corrector", ("correction", "correct", "observe", "reanchor")),
     "bandit": ("bandit", ("choose", "update", "record_step", "begin", "finish")),
 }
-
-
-def _config(size: str, steps: int, workdir: str, extra: list[str]) -> Any:
-    cfg = compose_run("char_gpt", "default", 0, [*SIZES[size], "predictor=linear", *extra], workdir)
-    with open_dict(cfg):
-        cfg.trainer.max_steps = cfg.model.max_steps = steps
-        cfg.trainer.limit_val_batches = 0
-    return cfg
 
 
 def _timed(fn: Callable, log: list[float], sync: Callable[[], None]) -> Callable:
@@ -118,7 +100,7 @@ def _timed(fn: Callable, log: list[float], sync: Callable[[], None]) -> Callable
 
 def profile(size: str, steps: int, forward_every: int, workdir: str) -> dict[str, Any]:
     """One predicting hybrid fit with every component's calls timed."""
-    cfg = _config(size, steps, workdir, [*PREDICTING, f"hybrid.predict_forward_every={forward_every}"])
+    cfg = gpt_config(size, steps, workdir, [*PREDICTING, f"hybrid.predict_forward_every={forward_every}"])
     trainer, model, data, _ = build_run(cfg, hybrid=True)
     scheduler = find_scheduler(trainer)
     host = _callback(trainer, "DynamicsPredictor")
@@ -167,14 +149,6 @@ def _callback(trainer: Any, name: str) -> Any:
     return next(cb for cb in trainer.callbacks if type(cb).__name__ == name)
 
 
-TRACKING = ["hybrid.confidence_threshold=1.0", "hybrid.backoff_after=0", "hybrid.predict_lr_fraction=1.0"]
-PER_STEP = "hybrid.capture_buffer=per_step"  # the update's buffer held only while in use (the default on CUDA)
-IDLE_MODES = {  # hybrid runs that never predict: tracking every update or one in 4, and backed off (the default's fate)
-    "tracking": TRACKING,
-    "tracking_per_step": [*TRACKING, PER_STEP],
-    "tracking_every_4": [*TRACKING, "hybrid.observe_every=4"],
-    "backed_off": ["hybrid.enable_prediction=false"],
-}
 IDLE_LABELS = {  # mode -> (what the report calls it, the issue's goal)
     "tracking": ("capturing every update", "1.03"),
     "tracking_per_step": ("capturing every update into a per-step buffer (`capture_buffer=per_step`)", "1.03"),
@@ -191,36 +165,6 @@ RULE_LABELS = {  # mode -> (what the report calls it, the goal)
     "outer_aside": ("the default (`outer` with its guards) stepping aside (no cycle judged, no jump)", "1.01"),
 }
 
-SETTLE = 4  # steps of each run left out of its steady-step time
-
-
-class StepClock(L.Callback):
-    """The steady step's time. On a CPU: the run meter's CPU time at the end of every training batch, and the median
-    step after the first ``SETTLE``. On a GPU: wall time, synchronised only where that steady window starts and
-    where training ends, and the window's mean step: the host runs ahead of the device as in any run, where a
-    synchronisation every step would add the plugin's host time to the device's instead of overlapping them."""
-
-    def __init__(self, meter: Any, cuda: bool) -> None:
-        self.meter, self.cuda, self.marks, self.steps = meter, cuda, [], 0
-
-    def on_train_batch_end(self, *args: Any) -> None:
-        self.steps += 1
-        if not self.cuda:
-            self.marks.append(self.meter.elapsed()[1])
-        elif self.steps == SETTLE:
-            torch.cuda.synchronize()
-            self.marks.append(time.perf_counter())
-
-    def on_train_end(self, *args: Any) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
-            self.marks.append(time.perf_counter())
-
-    def steady_step(self) -> float:
-        if self.cuda:
-            return (self.marks[-1] - self.marks[0]) / (self.steps - SETTLE)
-        return statistics.median(b - a for a, b in zip(self.marks[SETTLE:], self.marks[SETTLE + 1 :]))
-
 
 def ordinary_overhead(size: str, steps: int, rounds: int, workdir: str) -> dict[str, Any]:
     """Hybrid runs that never predict against plain Lightning, alternating, same seed and batches."""
@@ -232,40 +176,6 @@ def rule_overhead(size: str, steps: int, rounds: int, workdir: str, extra: list[
     (every backward kept)."""
     modes = {mode: [*overrides, *extra] for mode, overrides in RULE_MODES.items()}
     return against_plain(size, steps, rounds, workdir, modes)
-
-
-def against_plain(size: str, steps: int, rounds: int, workdir: str, modes: dict[str, list[str]]) -> dict[str, Any]:
-    """Each mode's overrides and plain Lightning in turn, ``rounds`` times: the per-round ratios of
-    training time, whole fit and steady steps, and what each hybrid run did (jumps, cycles too noisy to judge)."""
-    times: dict[str, list[float]] = {"plain": [], **{mode: [] for mode in modes}}
-    steady: dict[str, list[float]] = {label: [] for label in times}
-    kept: dict[str, list[dict[str, int]]] = {mode: [] for mode in modes}
-    for _ in range(rounds):
-        for label in times:
-            cfg = _config(size, steps, workdir, modes.get(label, []))
-            trainer, model, data, meter = build_run(cfg, hybrid=label != "plain")
-            cuda = trainer.strategy.root_device.type == "cuda"
-            clock = StepClock(meter, cuda)
-            trainer.callbacks.append(clock)
-            trainer.fit(model, data)
-            times[label].append(meter.train_seconds if cuda else meter.train_cpu_seconds)
-            steady[label].append(clock.steady_step())
-            if label != "plain":
-                c = find_scheduler(trainer).counters
-                kept[label].append({"jumps": c.jumps_made, "blind": c.jumps_blind})
-    ratios = {mode: [h / p for h, p in zip(times[mode], times["plain"])] for mode in modes}
-    steady_ratios = {mode: [h / p for h, p in zip(steady[mode], steady["plain"])] for mode in modes}
-    return {
-        "clock": "wall_s" if cuda else "cpu_s",
-        "steps": steps,
-        "seconds": times,
-        "hybrid_over_plain": {mode: statistics.median(r) for mode, r in ratios.items()},
-        "ratios": ratios,
-        "steady_step_seconds": steady,
-        "steady_hybrid_over_plain": {mode: statistics.median(r) for mode, r in steady_ratios.items()},
-        "steady_ratios": steady_ratios,
-        "kept": kept,
-    }
 
 
 MEMORY_RUNS = {  # label -> overrides (None: plain Lightning); the rules jump every 10 steps after 20
@@ -282,7 +192,7 @@ def peak_memory(size: str, steps: int, label: str, workdir: str) -> dict[str, An
     """Run one fit and return its peak memory; called in a fresh process (see ``--memory-child``). On Linux the
     peak RSS is reset just before ``fit`` so the figure is the fit's own growth over the memory before it."""
     extra = MEMORY_RUNS[label]
-    cfg = _config(size, steps, workdir, extra or [])
+    cfg = gpt_config(size, steps, workdir, extra or [])
     trainer, model, data, _ = build_run(cfg, hybrid=extra is not None)
     cuda = torch.cuda.is_available() and cfg.trainer.accelerator != "cpu"
     if cuda:

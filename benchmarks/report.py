@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness import write_atomic
+
 CLOCKS = {"cpu_s": "CPU time", "wall_s": "wall time", "backward": "backward passes"}
 
 
@@ -77,14 +79,6 @@ def write_table(folder: Path) -> str:
     text = "\n".join(lines) + "\n"
     write_atomic(folder / "table.md", text)
     return text
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a rename, so that a benchmark running beside this one never reads half a
-    file when it rewrites the table from every result in the folder."""
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(text)
-    partial.replace(path)
 
 
 def plot_task(result: dict[str, Any], path: Path) -> None:

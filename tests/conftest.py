@@ -25,3 +25,22 @@ def _quiet_and_deterministic():
         warnings.filterwarnings("ignore", message=".*does not have many workers.*")
         warnings.filterwarnings("ignore", message=".*litlogger.*")
         yield
+
+
+@pytest.fixture(scope="session")
+def distributed_runs(tmp_path_factory) -> tuple:
+    """Every two-process scenario of ``tests/test_ddp.py`` and ``tests/test_trajectory.py``, in three launches (one
+    node; the resumes from the first launch's checkpoints; two simulated nodes) instead of one each: ``(root, runs)``,
+    ``runs[name]`` each rank's record. The tests that use it share one xdist worker (``xdist_group("ranks")``)."""
+    from tests.helpers import DISTRIBUTED, run_scenarios, saved_checkpoints
+
+    root = tmp_path_factory.mktemp("ranks")
+    runs = run_scenarios(root, DISTRIBUTED)
+    resumed = {
+        name.replace("save", "resumed"): (kind, strategy, str(saved_checkpoints(root / name)[1]))
+        for name, (kind, strategy, resume) in DISTRIBUTED.items()
+        if resume == "save"
+    }
+    runs |= run_scenarios(root, resumed)
+    runs |= run_scenarios(root, {"two-nodes": ("linear", "ddp", "")}, nodes=2)
+    return root, runs

@@ -1,9 +1,10 @@
-"""One rank of a 2-process CPU run under ``hybrid_ddp`` (or, with ``HYBRID_TEST_STRATEGY=fsdp``, ``hybrid_fsdp``),
-launched by ``tests/test_ddp.py`` like torchrun would: two ranks on one node, or (third argument ``2``) one rank on
-each of two simulated nodes.
+"""One rank of 2-process CPU runs under ``hybrid_ddp`` or ``hybrid_fsdp``, launched by ``tests.helpers.run_ranks``
+like torchrun would: two ranks on one node, or one rank on each of two simulated nodes. The scenarios given run one
+after another in the same process group (a launch costs more than a fit), each from the random state a fresh
+process starts with.
 
-Writes the phase of every step, the first batch it saw and its final parameters (gathered in full under FSDP) to
-``<out>/rank<R>.pt``.
+Writes each scenario's phase of every step, the first batch it saw and its final parameters (gathered in full
+under FSDP) to ``<out>/<scenario>/rank<R>.pt``.
 """
 
 from __future__ import annotations
@@ -21,15 +22,16 @@ from lightning_hybrid import HybridDDPStrategy, HybridFSDPStrategy, hybrid_callb
 from tests.helpers import (
     FAST,
     FAST_PHASES,
+    LEARNED,
     RULE_PHASES,
     RegressionModel,
     flat_params,
     hybrid_trainer,
     loader,
+    resume_callbacks,
     scheduler_of,
     snoo,
 )
-from tests.test_resume import LEARNED, _callbacks
 
 RULES = {  # `outer` without the default's guards, then with each
     "outer": snoo,
@@ -56,8 +58,12 @@ class Record(L.Callback):
         self.phases.append(int(scheduler.phase))
 
 
-def main(out_dir: str, kind: str, nodes: int = 1, resume: str | None = None) -> None:
+FRESH_RNG = torch.random.get_rng_state()  # each scenario starts from it, as in a process of its own
+
+
+def main(out_dir: str, kind: str, nodes: int = 1, resume: str | None = None, strategy: str = "ddp") -> None:
     """``resume``: ``"save"`` checkpoints at every epoch end (16 steps), a path resumes from that checkpoint."""
+    torch.random.set_rng_state(FRESH_RNG)
     record = Record()
     kind, _, optimizer = kind.partition("-")  # e.g. "linear-sgd": the linear predictor, the model trained with SGD
     if kind == "linear":
@@ -65,7 +71,7 @@ def main(out_dir: str, kind: str, nodes: int = 1, resume: str | None = None) -> 
     elif kind == "off":
         callbacks = hybrid_callbacks(**FAST, enable_prediction=False)
     elif kind == "exploding":
-        callbacks = _callbacks("exploding")
+        callbacks = resume_callbacks("exploding")
     elif kind in RULES:
         callbacks = hybrid_callbacks(predictor=RULES[kind](), **RULE_PHASES)
     else:  # a learned predictor with the bandit timing steps in wall-clock seconds, which differ per rank
@@ -80,7 +86,7 @@ def main(out_dir: str, kind: str, nodes: int = 1, resume: str | None = None) -> 
         enable_checkpointing=resume == "save",
         devices=2 // nodes,
         num_nodes=nodes,
-        strategy=STRATEGIES[os.environ.get("HYBRID_TEST_STRATEGY", "ddp")](process_group_backend="gloo"),
+        strategy=STRATEGIES[strategy](process_group_backend="gloo"),
         logger=False,
         default_root_dir=out_dir,
     )
@@ -104,13 +110,15 @@ def main(out_dir: str, kind: str, nodes: int = 1, resume: str | None = None) -> 
         },
         f"{out_dir}/rank{trainer.global_rank}.pt",
     )
-    if torch.distributed.is_initialized():  # leave the group in order; not enough on its own, see os._exit below
-        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    main(args[0], args[1], int(args[2]) if len(args) > 2 else 1, args[3] if len(args) > 3 else None)
+    out, nodes, *scenarios = sys.argv[1:]  # each scenario: "name|kind|strategy|resume" (resume may be empty)
+    for scenario in scenarios:  # one after another in this process group, as several fits in one script
+        name, kind, strategy, resume = scenario.split("|")
+        main(str(Path(out) / name), kind, int(nodes), resume or None, strategy)
+    if torch.distributed.is_initialized():  # leave the group in order; not enough on its own, see os._exit below
+        torch.distributed.destroy_process_group()
     # The results are saved. Skip the interpreter's teardown: a gloo thread still joinable there at times aborts
     # the process ("terminate called without an active exception") even after the group was destroyed.
     sys.stdout.flush()

@@ -32,8 +32,16 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_hybrid import hybrid_callbacks
-from tests.helpers import RegressionModel, flat_params, hybrid_trainer, loader, phases, scheduler_of
-from tests.test_resume import _callbacks
+from tests.helpers import (
+    RegressionModel,
+    flat_params,
+    hybrid_trainer,
+    loader,
+    phases,
+    resume_callbacks,
+    run_ranks,
+    scheduler_of,
+)
 
 RECORD = Path(__file__).with_name("golden_run.json")
 DATA = Path(__file__).with_name("data")
@@ -105,7 +113,7 @@ def _fit(steps: int, model: RegressionModel, settings: dict[str, Any] | None = N
 
 
 def _fit_callbacks(kind: str, memory: str = "none", steps: int = 40) -> dict:
-    trainer, logger = hybrid_trainer(steps, hybrid=_callbacks(kind, memory))
+    trainer, logger = hybrid_trainer(steps, hybrid=resume_callbacks(kind, memory))
     model = RegressionModel(scheduler=True)
     trainer.fit(model, loader(64, batch_size=32))
     return outcome(flat_params(model), scheduler_of(trainer).summary(), logger)
@@ -142,17 +150,17 @@ def checkpointed_run(
 # callbacks, the model's and the Trainer's arguments). Every layout a landed commit wrote must resume. `v1`: the
 # scheduler before the engine; `v1_engine`: the engine assembled from mixins; `v2`: the release before this default.
 FIXTURES: dict[str, tuple[Callable[[], list], dict[str, Any], dict[str, Any]]] = {
-    "state_v1_mid_segment.ckpt": (lambda: _callbacks("exploding", "offload"), {}, {}),
+    "state_v1_mid_segment.ckpt": (lambda: resume_callbacks("exploding", "offload"), {}, {}),
     "state_v1_engine_outer_jump_due.ckpt": (lambda: hybrid_callbacks(**OUTER_REJECTING), {"lr": 3e-2}, {}),
     "state_v1_engine_outer_pending.ckpt": (lambda: hybrid_callbacks(**OUTER_REJECTING), {"lr": 3e-2}, {}),
-    "state_v1_engine_deferred.ckpt": (lambda: _callbacks("linear"), {"optimizer": "fused_adam"}, QUIET_LOGS),
+    "state_v1_engine_deferred.ckpt": (lambda: resume_callbacks("linear"), {"optimizer": "fused_adam"}, QUIET_LOGS),
     # state version 2, written before `outer` with its guards became the default: both modes resume
     "state_v2_outer_guarded_pending.ckpt": (
         lambda: hybrid_callbacks(**DEFAULT_RULE, verify_resolution=0),
         {"lr": 1e-2},
         {},
     ),
-    "state_v2_linear_mid_segment.ckpt": (lambda: _callbacks("linear"), {}, {}),
+    "state_v2_linear_mid_segment.ckpt": (lambda: resume_callbacks("linear"), {}, {}),
 }
 
 
@@ -167,8 +175,6 @@ def _resume(root: Path, hybrid: Callable[[], list], step: int, **model: Any) -> 
 
 
 def _ranks(root: Path, kind: str, strategy: str) -> dict:
-    from tests.test_ddp import run_ranks
-
     rank0, rank1 = run_ranks(root, kind, strategy=strategy)
     assert torch.equal(rank0["params"], rank1["params"])
     return outcome(rank0["params"], rank0["summary"], phase_list=rank0["phases"])
@@ -195,7 +201,7 @@ def scenarios(root: Path) -> dict[str, Callable[[], dict]]:
         "outer_unverified": lambda: _rule(dict(OUTER, verify_window=0)),
         "default_rule": lambda: _rule(DEFAULT_RULE),  # some cycles too noisy to judge: those make no jump
         "default_rule_judging": lambda: _rule(dict(DEFAULT_RULE, verify_resolution=0), lr=1e-2),
-        "resume_mid_segment": lambda: _resume(root / "resume", lambda: _callbacks("exploding", "offload"), 14),
+        "resume_mid_segment": lambda: _resume(root / "resume", lambda: resume_callbacks("exploding", "offload"), 14),
         "resume_outer_pending": lambda: _resume(
             root / "outer", lambda: hybrid_callbacks(**OUTER_REJECTING), 30, lr=3e-2
         ),

@@ -1,8 +1,17 @@
-"""Small models, data and a logger that keeps what it is given, shared by the tests."""
+"""What the tests share: small models and data, a logger that keeps what it is given, Trainers and settings, a
+bare engine, the resume runs' callbacks, the training app's short runs and the launcher of DDP ranks.
+
+No test imports another test module (``tests/test_import_layers.py`` checks it): what two of them use lives here.
+"""
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -13,11 +22,24 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_hybrid import HybridConfig, HybridPredictStrategy, HybridScheduler, Phase, hybrid_callbacks
+from lightning_hybrid import (
+    DivergenceMonitor,
+    DynamicsPredictor,
+    HybridConfig,
+    HybridPredictStrategy,
+    HybridScheduler,
+    Phase,
+    ResidualCorrector,
+    hybrid_callbacks,
+)
 from lightning_hybrid.algorithms import DivergenceCheck, ResidualCorrection
 from lightning_hybrid.encoder import StateEncoder
 from lightning_hybrid.engine import Components, HybridEngine, LocalCollectives
 from lightning_hybrid.predictors import LinearPredictor, OuterMomentum, Plan
+
+ROOT = Path(__file__).resolve().parents[1]  # the checkout
+
+# -------------------------------------------------------------------------------------------------- data and models
 
 
 def regression_data(n: int = 256, seed: int = 1) -> TensorDataset:
@@ -108,6 +130,9 @@ class SometimesExploding(LinearPredictor):
         return plan
 
 
+# -------------------------------------------------------------------------------------------- loggers and recorders
+
+
 class MemoryLogger(Logger):
     """Keeps every ``log_metrics`` call, so tests can read the per-step curves back."""
 
@@ -154,6 +179,9 @@ class StepRecorder(L.Callback):
         self._last = now
 
 
+# --------------------------------------------------------------------------------------------- parameters and ports
+
+
 def flat_params(model: torch.nn.Module) -> torch.Tensor:
     """All parameters, flattened; FSDP shards are gathered first (a collective: every rank must call it)."""
     full = [p.full_tensor() if isinstance(p, DTensor) else p for p in model.parameters()]
@@ -165,6 +193,9 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# -------------------------------------------------------------------------------------------- Trainers and settings
 
 
 def scheduler_of(trainer: L.Trainer) -> HybridScheduler:
@@ -228,6 +259,9 @@ def phases(logger: MemoryLogger) -> dict[int, Phase]:
     return {step: Phase(int(v)) for step, v in logger.series("hybrid/phase").items()}
 
 
+# ------------------------------------------------------------------------------------------------ a bare torch loop
+
+
 def bare_engine(config: HybridConfig, predictor: Any, optimizer: torch.optim.Optimizer, monitor: Any = None):
     """An engine bound to ``optimizer`` without a Trainer, with the optimizer hooks the scheduler registers."""
     engine = HybridEngine(config)
@@ -255,3 +289,132 @@ def bare_step(engine: HybridEngine, optimizer: torch.optim.Optimizer, loss_fn: A
     engine.optimizer_step(optimizer, closure, optimizer.step)
     engine.end_step(step)
     return losses[0]
+
+
+# ------------------------------------------------------------------------------------------------------ resume runs
+
+# short phases, so 40 steps pass through every phase several times (tests/test_resume.py, the golden runs, DDP)
+RESUME_SETTINGS = {**FAST_PHASES, "warmup_steps": 3, "full_steps": 3, "max_predict_steps": 5}
+LEARNED = {  # the learned predictors' settings for short runs: trained early and often
+    "mlp": dict(train_every=2, batch_size=4, min_observations=3),
+    "rssm": dict(train_every=2, batch_size=4, window=4, min_observations=3),
+}
+
+
+def resume_callbacks(kind: str, memory: str = "none", capture: str = "per_step") -> list[L.Callback]:
+    """The hybrid callbacks of the resume runs: ``linear`` (no bandit), ``exploding`` (``SometimesExploding``, so
+    it rolls back; ``memory`` and ``capture`` set the scheduler's) or a learned predictor (``mlp``, ``rssm``)."""
+    if kind == "linear":
+        return hybrid_callbacks(predictor="linear", **RESUME_SETTINGS, bandit=False)
+    if kind == "exploding":
+        predictor = DynamicsPredictor(SometimesExploding())
+        scheduler = HybridScheduler(**RESUME_SETTINGS, predict_memory=memory, capture_buffer=capture)
+        return [scheduler, predictor, ResidualCorrector(), DivergenceMonitor()]
+    # learned predictors with the bandit, whose step-count costs make its decisions deterministic
+    return hybrid_callbacks(predictor=kind, cost="steps", alpha=2.0, **RESUME_SETTINGS, **LEARNED[kind])
+
+
+# ------------------------------------------------------------------------------------------------- the training app
+
+APP_STEPS = 12
+# short, fast runs that predict per step (the linear predictor): short phases, confidence threshold 0, no bandit
+APP_TRAINER = [
+    "predictor=linear",
+    f"trainer.max_steps={APP_STEPS}",
+    "trainer.val_check_interval=6",
+    "trainer.limit_val_batches=2",
+    "trainer.accelerator=cpu",
+    "trainer.enable_model_summary=false",
+    "trainer.enable_progress_bar=false",
+    "trainer.log_every_n_steps=1",  # per-step curves, read back by the tests
+    "callbacks=none",
+    "hybrid.warmup_steps=3",
+    "hybrid.correction_steps=2",
+    "hybrid.bandit=false",
+    "predictor.min_observations=2",
+]
+APP_PHASES = [
+    "hybrid.full_steps=3",
+    "hybrid.max_predict_steps=3",
+    "hybrid.confidence_threshold=0.0",
+    "hybrid.predict_lr_fraction=1.0",
+]
+APP_SMALL_GPT = ["data.max_bytes=20000", "model.n_layer=1", "model.n_embd=32"]
+APP_TINY = APP_TRAINER + APP_PHASES + APP_SMALL_GPT
+
+
+def app_config(tmp_path: Path, *overrides: str, base: list[str] = APP_TINY) -> Any:
+    """The app's composed ``train`` config: ``base``, then the output folder ``tmp_path``, then ``overrides``."""
+    # imported when called: importing the app registers its configs with Hydra, which the DDP ranks need not do
+    from hydra import compose, initialize_config_module
+
+    from lightning_hybrid.train import CONFIG_MODULE
+
+    with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
+        return compose("train", overrides=[*base, f"paths.output_dir={tmp_path}", *overrides])
+
+
+# -------------------------------------------------------------------------------------------------------- DDP ranks
+
+
+def run_scenarios(
+    out_dir: Path, scenarios: dict[str, tuple[str, str, str]], world_size: int = 2, nodes: int = 1
+) -> dict[str, list[dict]]:
+    """Launch the ranks of ``tests/ddp_worker.py`` as torchrun (one node) or a cluster launcher (one process per
+    node) would, running every scenario (name: ``(kind, strategy, resume)``) one after another in that process
+    group; returns what each rank wrote, by scenario."""
+    port = free_port()
+    procs = []
+    specs = [f"{name}|{kind}|{strategy}|{resume}" for name, (kind, strategy, resume) in scenarios.items()]
+    for rank in range(world_size):
+        env = {
+            # Lightning's seed_everything in this process (the app, the harness) leaves PL_GLOBAL_SEED and
+            # PL_SEED_WORKERS behind; the ranks must not inherit them, or their runs depend on test order
+            **{k: v for k, v in os.environ.items() if not k.startswith("PL_")},
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "WORLD_SIZE": str(world_size),
+            "NODE_RANK": str(rank // (world_size // nodes)),
+            "LOCAL_RANK": str(rank % (world_size // nodes)),
+            "RANK": str(rank),
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": str(ROOT),
+        }
+        cmd = [sys.executable, "-m", "tests.ddp_worker", str(out_dir), str(nodes), *specs]
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    for proc in procs:
+        out, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, out.decode()[-3000:]
+    load = partial(torch.load, weights_only=False)
+    return {name: [load(out_dir / name / f"rank{r}.pt") for r in range(world_size)] for name in scenarios}
+
+
+# The two-process scenarios the DDP and FSDP tests read, run in one launch: name -> (kind, strategy, resume);
+# "save" checkpoints every 16 steps, and a `resumed-` run goes on from the `save-` run's second checkpoint.
+DISTRIBUTED = {
+    "linear": ("linear", "ddp", ""),
+    "exploding": ("exploding", "ddp", ""),
+    "rssm": ("rssm", "ddp", ""),
+    "linear-fsdp": ("linear", "fsdp", ""),
+    "exploding-fsdp-per-layer": ("exploding", "fsdp-per-layer", ""),
+    "outer": ("outer", "ddp", ""),
+    "outer_aligned": ("outer_aligned", "ddp", ""),
+    "outer_norm": ("outer_norm", "ddp", ""),
+    "outer_restart-fused_adam": ("outer_restart-fused_adam", "ddp", ""),
+    "outer_aligned-fsdp": ("outer_aligned", "fsdp", ""),
+    "save-linear-ddp": ("linear", "ddp", "save"),
+    "save-exploding-ddp": ("exploding", "ddp", "save"),
+    "save-linear-fsdp": ("linear", "fsdp", "save"),
+}
+
+
+def saved_checkpoints(out_dir: Path) -> list[Path]:
+    """A `save` scenario's checkpoints, by step."""
+    return sorted((out_dir / "ckpt").glob("*.ckpt"), key=lambda p: int(p.stem.split("=")[1]))
+
+
+def run_ranks(
+    out_dir: Path, kind: str, world_size: int = 2, nodes: int = 1, resume: str = "", strategy: str = "ddp"
+) -> list[dict]:
+    """One scenario's ranks (see :func:`run_scenarios`), written to ``out_dir`` itself."""
+    return run_scenarios(out_dir, {".": (kind, strategy, resume)}, world_size, nodes)["."]

@@ -18,38 +18,7 @@ from lightning_hybrid.predictors import PREDICTORS, OuterMomentum
 from lightning_hybrid.runner import _build, run
 from lightning_hybrid.schema import PREDICTOR_SETTINGS, HybridSettings, setting_names
 from lightning_hybrid.train import CONFIG_MODULE
-
-ROOT = Path(__file__).resolve().parents[1]
-STEPS = 12
-# short, fast runs that predict per step (the linear predictor): short phases, confidence threshold 0, no bandit
-TRAINER = [
-    "predictor=linear",
-    f"trainer.max_steps={STEPS}",
-    "trainer.val_check_interval=6",
-    "trainer.limit_val_batches=2",
-    "trainer.accelerator=cpu",
-    "trainer.enable_model_summary=false",
-    "trainer.enable_progress_bar=false",
-    "trainer.log_every_n_steps=1",  # per-step curves, read back below
-    "callbacks=none",
-    "hybrid.warmup_steps=3",
-    "hybrid.correction_steps=2",
-    "hybrid.bandit=false",
-    "predictor.min_observations=2",
-]
-PHASES = [
-    "hybrid.full_steps=3",
-    "hybrid.max_predict_steps=3",
-    "hybrid.confidence_threshold=0.0",
-    "hybrid.predict_lr_fraction=1.0",
-]
-SMALL_GPT = ["data.max_bytes=20000", "model.n_layer=1", "model.n_embd=32"]
-TINY = TRAINER + PHASES + SMALL_GPT
-
-
-def app_config(tmp_path, *overrides, base=TINY):
-    with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
-        return compose("train", overrides=[*base, f"paths.output_dir={tmp_path}", *overrides])
+from tests.helpers import APP_PHASES, APP_SMALL_GPT, APP_STEPS, APP_TINY, APP_TRAINER, ROOT, app_config
 
 
 def scalars(log_dir: Path, tag: str) -> list[int]:
@@ -62,9 +31,9 @@ def test_train_end_to_end_through_the_compose_api(tmp_path):
     val = run(app_config(tmp_path))
     assert val is not None and 0 < val < 10
     log_dir = tmp_path / "tensorboard" / "hybrid"
-    assert scalars(log_dir, "hybrid/phase") == list(range(1, STEPS + 1))
+    assert scalars(log_dir, "hybrid/phase") == list(range(1, APP_STEPS + 1))
     summary = json.loads((log_dir / "hybrid_summary.json").read_text())
-    assert summary["steps_total"] == STEPS and summary["backward_skipped"] > 0
+    assert summary["steps_total"] == APP_STEPS and summary["backward_skipped"] > 0
 
 
 def test_compare_runs_plain_and_hybrid_with_the_same_seed(tmp_path, capsys):
@@ -72,29 +41,30 @@ def test_compare_runs_plain_and_hybrid_with_the_same_seed(tmp_path, capsys):
     result = json.loads((tmp_path / "compare.json").read_text())
     plain, hybrid = result["plain"], result["hybrid"]
     summary = json.loads((tmp_path / "tensorboard" / "hybrid" / "hybrid_summary.json").read_text())
-    assert plain["steps"] == hybrid["steps"] == STEPS
-    assert plain["backward_passes"] == STEPS  # counted by the same RunMeter in both runs
-    assert hybrid["backward_passes"] == STEPS - summary["backward_skipped"] < STEPS
+    assert plain["steps"] == hybrid["steps"] == APP_STEPS
+    assert plain["backward_passes"] == APP_STEPS  # counted by the same RunMeter in both runs
+    assert hybrid["backward_passes"] == APP_STEPS - summary["backward_skipped"] < APP_STEPS
     table = capsys.readouterr().out
     led = ("at plain's final loss: step", "at plain's final loss: s", "val loss at equal steps", "backward passes")
     assert [table.index(row) for row in led] == sorted(table.index(row) for row in led)  # the table's order
     assert "to plain's final val loss:" in table
     step, seconds = plain["reached_plain_at"]  # plain reaches its own final loss, by the end at the latest
-    assert 0 < step <= STEPS and 0 < seconds <= plain["train_seconds"]
+    assert 0 < step <= APP_STEPS and 0 < seconds <= plain["train_seconds"]
     reached = hybrid["reached_plain_at"]
-    assert (reached is None and "never" in table) or 0 < reached[0] <= STEPS
+    assert (reached is None and "never" in table) or 0 < reached[0] <= APP_STEPS
     assert not (tmp_path / "tensorboard" / "plain" / "hybrid_summary.json").exists()
 
 
 def test_the_quick_start_job_jumps_and_compare_reports_the_jumps(tmp_path, capsys):
     """The Quick start's main job (mode=compare, the default rule) shows prediction happening next to plain."""
-    base = [o for o in TRAINER if not o.startswith("predictor")] + ["hybrid.full_steps=3", "predictor.verify_window=2"]
+    base = [o for o in APP_TRAINER if not o.startswith("predictor")]
+    base += ["hybrid.full_steps=3", "predictor.verify_window=2"]
     base += ["predictor.restart=false"]  # 3 jumps: none left out by a turning cycle
-    run(app_config(tmp_path, "mode=compare", base=base + SMALL_GPT))
+    run(app_config(tmp_path, "mode=compare", base=base + APP_SMALL_GPT))
     result = json.loads((tmp_path / "compare.json").read_text())
-    jumps = (STEPS - 3) // 3 - 1  # not at the last step: no step would be left to verify it
+    jumps = (APP_STEPS - 3) // 3 - 1  # not at the last step: no step would be left to verify it
     assert result["hybrid"]["segments"] == jumps and result["plain"]["segments"] == 0
-    assert result["hybrid"]["backward_passes"] == result["plain"]["backward_passes"] == STEPS
+    assert result["hybrid"]["backward_passes"] == result["plain"]["backward_passes"] == APP_STEPS
     assert result["hybrid"]["val_loss"] != result["plain"]["val_loss"]
     assert re.search(rf"predict segments or jumps\s+-\s+{jumps}", capsys.readouterr().out)
 
@@ -210,7 +180,7 @@ def test_each_example_runs_as_a_hydra_experiment(tmp_path, experiment, monkeypat
     monkeypatch.setenv("LIGHTNING_HYBRID_CACHE", str(tmp_path / "cache"))  # a pretraining of 5 steps, kept here
     overrides = [f"experiment={experiment}", "trainer.max_steps=8", "trainer.limit_val_batches=2"]
     overrides += ["trainer.val_check_interval=4", *TINY_FINETUNE] if experiment.startswith("finetune") else []
-    base = TRAINER + PHASES + (SMALL_GPT if experiment == "char_gpt" else [])
+    base = APP_TRAINER + APP_PHASES + (APP_SMALL_GPT if experiment == "char_gpt" else [])
     val = run(app_config(tmp_path, *overrides, base=base))
     assert val is not None and val > 0
 
@@ -218,20 +188,20 @@ def test_each_example_runs_as_a_hydra_experiment(tmp_path, experiment, monkeypat
 def test_a_users_own_module_and_data_via_target(tmp_path):
     cfg = app_config(
         tmp_path,
-        *PHASES,
+        *APP_PHASES,
         "model=custom",
         "model._target_=tests.app_models.UserRegression",
         "+model.width=4",
         "data=custom",
         "data._target_=tests.app_models.UserData",
         "trainer.val_check_interval=null",
-        base=TRAINER,
+        base=APP_TRAINER,
     )
     assert run(cfg) < 100
-    assert scalars(tmp_path / "tensorboard" / "hybrid", "hybrid/phase") == list(range(1, STEPS + 1))
+    assert scalars(tmp_path / "tensorboard" / "hybrid", "hybrid/phase") == list(range(1, APP_STEPS + 1))
 
 
-def _cli(*args, cwd, base=TINY):
+def _cli(*args, cwd, base=APP_TINY):
     """Run a command line with the ``base`` overrides appended; they must not repeat a key of ``args``."""
     return subprocess.run([*args, *base], cwd=cwd, capture_output=True, text=True, timeout=600)
 
@@ -260,7 +230,7 @@ def test_multirun_writes_one_folder_per_job(tmp_path):
         "hybrid.confidence_threshold=0.0,0.9",
         f"hydra.sweep.dir={sweep}",
         cwd=ROOT,
-        base=TRAINER + SMALL_GPT + [p for p in PHASES if "confidence" not in p],
+        base=APP_TRAINER + APP_SMALL_GPT + [p for p in APP_PHASES if "confidence" not in p],
     )
     assert out.returncode == 0, out.stderr[-3000:]
     jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir() and not p.name.startswith("."))
@@ -283,7 +253,8 @@ def test_optuna_search_tunes_the_hybrid_settings(tmp_path):
         "hydra.sweeper.n_trials=2",
         f"hydra.sweep.dir={sweep}",
         cwd=ROOT,
-        base=[o for o in TRAINER if not o.startswith("predictor")] + SMALL_GPT,  # the default rule, its settings free
+        # the default rule, its settings free
+        base=[o for o in APP_TRAINER if not o.startswith("predictor")] + APP_SMALL_GPT,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     results = (sweep / "optimization_results.yaml").read_text()

@@ -16,12 +16,12 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from lightning_hybrid.runner import run
 from lightning_hybrid.schema import share
-from tests.test_app import PHASES, SMALL_GPT, TRAINER, app_config
+from tests.helpers import APP_PHASES, APP_SMALL_GPT, APP_TRAINER, app_config
 
 STEPS = 24
 # the tiny predicting run of test_app, with the callbacks group's checkpoints (not its progress bar: the Trainer's
 # is off), every one of them kept, not only the best by validation loss
-BASE = [o for o in TRAINER if not o.startswith(("callbacks=", "trainer.max_steps"))] + PHASES + SMALL_GPT
+BASE = [o for o in APP_TRAINER if not o.startswith(("callbacks=", "trainer.max_steps"))] + APP_PHASES + APP_SMALL_GPT
 BASE += [f"trainer.max_steps={STEPS}", "~callbacks.progress_bar"]
 BASE += ["callbacks.model_checkpoint.save_top_k=-1", "callbacks.model_checkpoint.monitor=null"]
 OUTER = [o for o in BASE if not o.startswith("predictor")] + ["predictor=outer", "predictor.verify_window=2"]

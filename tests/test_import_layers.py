@@ -1,7 +1,11 @@
 """The package's import graph points only down its layers and has no circle, counting every import: module level,
 inside functions and under ``TYPE_CHECKING``. A training step starts at the strategy, which knows only the engine's
 small interface; the callbacks know the strategy and the engine; nothing below knows the callbacks. The algorithm
-(``engine/``, ``predictors/``, ``algorithms/``) is plain torch: it imports no Lightning at all."""
+(``engine/``, ``predictors/``, ``algorithms/``) is plain torch: it imports no Lightning at all.
+
+The benchmarks have no circle either, and their drivers import none of each other. In the tests, no module
+imports a test module: what several share lives in ``tests/helpers.py`` (or
+``tests/conftest.py``)."""
 
 import ast
 from pathlib import Path
@@ -9,6 +13,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "lightning_hybrid"
+TESTS = Path(__file__).resolve().parent
 
 # Lowest first. A module may import modules of its own layer or of any layer below it.
 LAYERS = [
@@ -55,9 +60,10 @@ def imports_of(path: Path, prefix: str = "lightning_hybrid") -> set[str]:
     return {name for name in found if name == prefix or name.startswith(f"{prefix}.")}
 
 
-def graph() -> dict[str, set[str]]:
-    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
-    return {name: {i for i in imports_of(path) if i in modules and i != name} for name, path in modules.items()}
+def graph(root: Path = PACKAGE) -> dict[str, set[str]]:
+    modules = {module_name(p): p for p in root.rglob("*.py")}
+    prefix = root.name
+    return {name: {i for i in imports_of(path, prefix) if i in modules and i != name} for name, path in modules.items()}
 
 
 def layer(module: str) -> int:
@@ -98,9 +104,21 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_no_import_circle():
-    cycle = find_cycle(graph())
+@pytest.mark.parametrize("root", [PACKAGE, PACKAGE.parent / "benchmarks"], ids=["package", "benchmarks"])
+def test_no_import_circle(root):
+    cycle = find_cycle(graph(root))
     assert cycle is None, " -> ".join(cycle)
+
+
+def test_no_benchmark_driver_imports_another():
+    """The drivers share the harness's core (and the task, curve, report and peer modules), never each other."""
+    drivers = {"benchmarks.run", "benchmarks.lrs", "benchmarks.overheads", "benchmarks.gpu", "benchmarks.long_run"}
+    drivers.add("benchmarks.host_work")
+    edges = graph(PACKAGE.parent / "benchmarks")
+    assert drivers <= set(edges), drivers - set(edges)
+    crossing = [f"{d} imports {i}" for d in drivers for i in edges[d] if i in drivers]
+    assert not crossing, crossing
+    assert not list((PACKAGE.parent / "benchmarks" / "results").rglob("*.py"))  # results hold no code
 
 
 @pytest.mark.parametrize(
@@ -128,3 +146,58 @@ def test_the_lightning_check_sees_an_import_of_lightning(tmp_path):
     }
     module.write_text("import lightning_hybrid.engine\n")
     assert imports_of(module, "lightning") == set()
+
+
+def imported_test_modules(path: Path, package: str) -> set[str]:
+    """The test modules (a name starting ``test_``) of ``tests`` that ``path``, a module of ``package``, imports:
+    ``import tests.test_x``, ``from tests.test_x import ...``, ``from tests import test_x``, relative ones too."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the module's own package, one level up per dot after the first
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, *([base] if base else [])])
+            found.add(base)
+            found |= {f"{base}.{alias.name}" for alias in node.names}
+    modules = set()
+    for parts in (name.split(".") for name in found if name.startswith("tests.")):
+        for at, part in enumerate(parts):
+            if part.startswith("test_"):
+                modules.add(".".join(parts[: at + 1]))
+                break
+    return modules
+
+
+def test_no_module_under_tests_imports_a_test_module():
+    files = sorted(TESTS.rglob("*.py"))
+    assert TESTS / "helpers.py" in files
+    found = [
+        f"{path.relative_to(TESTS.parent).as_posix()} imports {name}"
+        for path in files
+        for name in sorted(imported_test_modules(path, ".".join(path.parent.relative_to(TESTS.parent).parts)))
+    ]
+    assert not found, "move what they share into tests/helpers.py:\n" + "\n".join(found)
+
+
+def test_the_test_module_check_sees_each_form_of_import(tmp_path):
+    module = tmp_path / "m.py"
+    forms = {
+        "from tests.test_app import TINY": {"tests.test_app"},
+        "from tests import test_app, helpers": {"tests.test_app"},
+        "import tests.test_app": {"tests.test_app"},
+        "def f():\n    import tests.test_app as app": {"tests.test_app"},
+        "from tests.faults.test_faults import x": {"tests.faults.test_faults"},
+        "from .test_app import TINY": {"tests.test_app"},
+        "from . import test_app": {"tests.test_app"},
+        "from ..test_app import TINY": {"tests.test_app"},
+        "from tests.helpers import run_ranks": set(),
+        "from tests import helpers": set(),
+        "import pytest": set(),
+    }
+    for source, expected in forms.items():
+        module.write_text(source + "\n")
+        package = "tests.faults" if source.startswith("from ..") else "tests"
+        assert imported_test_modules(module, package) == expected, source

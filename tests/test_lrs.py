@@ -9,14 +9,14 @@ import math
 
 import pytest
 
-from benchmarks import lrs, lrs_report
+from benchmarks import lrs
 from benchmarks.lrs import LrTask
 
 
 @pytest.fixture
 def tiny(tmp_path, monkeypatch):
     monkeypatch.setattr(lrs, "OUT", tmp_path)
-    monkeypatch.setattr(lrs_report, "OUT", tmp_path)
+    monkeypatch.setattr(lrs, "OUT", tmp_path)
     monkeypatch.setitem(lrs.LR_TASKS, "tiny", LrTask("digits_cnn", 20, 1))
     return tmp_path
 
@@ -51,7 +51,7 @@ def test_sweep_grid_and_report_on_a_tiny_task(tiny):
         assert [p["val_loss"] for p in rerun["points"]][: len(plain["points"])] == [
             p["val_loss"] for p in plain["points"]
         ]
-    text = lrs_report.report(["tiny"])
+    text = lrs.report(["tiny"])
     assert "plain at the tuned lr" in text and "`outer_norm`" in text and "`schedulefree`" in text
     assert "| `nudged` (control: plain at 1.001x the rate) | 3 |" in text
     assert "| `rerun` (control: plain run again) | 3 |" in text
@@ -81,30 +81,30 @@ def _rows(times: list[float | None], losses: list[float]) -> list[dict]:
 
 
 def test_goals_are_judged_on_medians_and_say_what_is_missing(monkeypatch):
-    monkeypatch.setattr(lrs_report, "tuned", lambda task: 0.3)
+    monkeypatch.setattr(lrs, "tuned", lambda task: 0.3)
     found = {
         "search": {0.1: _rows([1.2, 1.16, 0.9], [0.99, 0.99, 1.0]), 0.3: _rows([1.0, 0.96, 0.95], [1.0, 1.0, 1.0])},
         "ema": {0.1: _rows([1.0, 1.1, 1.0], [1.0, 1.0, 1.0]), 0.3: _rows([1.1, 1.2, 1.3], [1.0, 1.0, 1.0])},
         "schedulefree": {0.1: _rows([None, 1.0, 1.0], [1.1, 1.0, 1.0])},
     }
-    under, at, above = lrs_report.goals("char_gpt", found)[2:]
+    under, at, above = lrs.goals("char_gpt", found)[2:]
     assert "floor (>= 0.97x time, <= 1.005 loss) met" in under and "under-tuned goal >= 1.15x met" in under
     assert "ahead of `ema` (1.00x) by 1.16x" in under and "ahead of `schedulefree` (1.00x) by 1.16x" in under
     assert "floor (>= 0.97x time, <= 1.005 loss) NOT met" in at and "tuned goal >= 1.1x NOT met" in at
     assert "behind `ema` (1.20x) by 1.25x" in at
     assert "steps kept 2 (2-2)" in under and above == "- 3x tuned: not measured"
     found["search"][0.3] = _rows([1.0, 1.0, 1.0], [1.0, 1.01, 1.01])  # on time, but 1% worse at equal steps
-    assert "floor (>= 0.97x time, <= 1.005 loss) NOT met" in lrs_report.goals("word_lstm", found)[3]
-    assert "tuned goal" not in lrs_report.goals("digits_cnn", found)[3]
+    assert "floor (>= 0.97x time, <= 1.005 loss) NOT met" in lrs.goals("word_lstm", found)[3]
+    assert "tuned goal" not in lrs.goals("digits_cnn", found)[3]
     apart = [{**r, "cpu_s": 2.0, "backward": 0.9, "hours_apart": 5.0} for r in _rows([1.0] * 3, [1.0] * 3)]
     found["search"][0.3] = apart  # twice as fast by the clock of another session, 0.9x in backward passes
-    judged = lrs_report.goals("char_gpt", found)[3]
+    judged = lrs.goals("char_gpt", found)[3]
     assert "judged on backward passes" in judged and "tuned goal >= 1.1x NOT met" in judged
     assert "floor (>= 0.97x time, <= 1.005 loss) NOT met" in judged
 
 
 def test_the_floor_summary_names_every_cell_that_misses_it(monkeypatch):
-    monkeypatch.setattr(lrs_report, "tuned", lambda task: 0.3)
+    monkeypatch.setattr(lrs, "tuned", lambda task: 0.3)
     found = {
         "a": {
             "outer": {0.1: _rows([1.2, 1.3, 1.1], [0.98] * 3), 0.3: _rows([0.9, 0.95, 0.96], [1.0] * 3)},
@@ -113,7 +113,7 @@ def test_the_floor_summary_names_every_cell_that_misses_it(monkeypatch):
         },
         "b": {"outer": {0.9: _rows([1.0, None, None], [1.02] * 3)}, "search": {0.3: _rows([1.0] * 3, [1.0] * 3)}},
     }
-    rows = {line.split(" |")[0]: line for line in lrs_report.floor_summary(found).splitlines() if line[:3] == "| `"}
+    rows = {line.split(" |")[0]: line for line in lrs.floor_summary(found).splitlines() if line[:3] == "| `"}
     assert rows["| `outer`"] == (  # a's miss is shared with the control, which missed too; b ran no control
         "| `outer` | 3 | 1 | 1 | a at tuned: 0.95x, 1.000 (control nudged 1.00x, 1.010); "
         "b at 3x tuned: not reached, 1.020 |"
@@ -124,78 +124,40 @@ def test_the_floor_summary_names_every_cell_that_misses_it(monkeypatch):
 
 
 def test_a_seed_that_never_reaches_the_target_counts_as_the_slowest():
-    assert lrs_report._median_of([1.2, None, 0.9]) == 0.9  # the middle of (never, 0.9, 1.2)
-    assert lrs_report._median_of([1.0, 1.2, None, 1.1, None]) == 1.0
-    assert lrs_report._median_of([1.0, 1.2, 1.4, None]) == 1.1  # the two middles both reached it
-    assert lrs_report._median_of([1.0, None]) is None and lrs_report._median_of([None, 1.0, None]) is None
-    assert lrs_report._median_of([]) is None
-    assert lrs_report._cell([1.2, None, 0.9]) == "0.90x (0.90-1.20; not reached in 1 of 3)"
-    assert lrs_report._cell([1.0, None, None]) == "not reached in 2 of 3"
-    assert lrs_report._cell([0.998, 1.004], ".3f", "") == "1.001 (0.998-1.004)"
-    assert not lrs_report._floor(_rows([1.5, None, 0.96], [1.0] * 3))[3]  # the middle seed is under 0.97x
-    assert lrs_report._floor(_rows([1.5, None, 0.98], [1.0] * 3))[3]
+    assert lrs._median_of([1.2, None, 0.9]) == 0.9  # the middle of (never, 0.9, 1.2)
+    assert lrs._median_of([1.0, 1.2, None, 1.1, None]) == 1.0
+    assert lrs._median_of([1.0, 1.2, 1.4, None]) == 1.1  # the two middles both reached it
+    assert lrs._median_of([1.0, None]) is None and lrs._median_of([None, 1.0, None]) is None
+    assert lrs._median_of([]) is None
+    assert lrs._cell([1.2, None, 0.9]) == "0.90x (0.90-1.20; not reached in 1 of 3)"
+    assert lrs._cell([1.0, None, None]) == "not reached in 2 of 3"
+    assert lrs._cell([0.998, 1.004], ".3f", "") == "1.001 (0.998-1.004)"
+    assert not lrs._floor(_rows([1.5, None, 0.96], [1.0] * 3))[3]  # the middle seed is under 0.97x
+    assert lrs._floor(_rows([1.5, None, 0.98], [1.0] * 3))[3]
 
 
 def test_the_idle_cost_counts_only_runs_that_kept_nothing():
     kept = _rows([1.0, 1.0], [1.0, 1.0])
     idle = [{**r, "kept": 0, "cost": c} for r, c in zip(_rows([1.0] * 3, [1.0] * 3), (1.01, 1.03, 1.02))]
-    text = lrs_report.idle_cost({"a": {"search": {0.1: kept + idle[:1]}}, "b": {"search": {0.3: idle[1:]}}})
+    text = lrs.idle_cost({"a": {"search": {0.1: kept + idle[:1]}}, "b": {"search": {0.3: idle[1:]}}})
     assert "(3 runs, every task and rate)" in text and "1.020 (1.010-1.030)" in text
-    assert lrs_report.idle_cost({"a": {"search": {0.1: kept}}}) == "No `search` run kept nothing yet."
+    assert lrs.idle_cost({"a": {"search": {0.1: kept}}}) == "No `search` run kept nothing yet."
 
 
 def test_a_miss_against_a_baseline_from_another_machine_says_so(monkeypatch):
-    monkeypatch.setattr(lrs_report, "tuned", lambda task: 0.3)
+    monkeypatch.setattr(lrs, "tuned", lambda task: 0.3)
     rows = [{**r, "other_host": seed < 2} for seed, r in enumerate(_rows([0.9, 0.95, 0.96], [1.0] * 3))]
-    line = next(
-        row for row in lrs_report.floor_summary({"a": {"outer": {0.3: rows}}}).splitlines() if "| `outer`" in row
-    )
+    line = next(row for row in lrs.floor_summary({"a": {"outer": {0.3: rows}}}).splitlines() if "| `outer`" in row)
     assert "a at tuned: 0.95x, 1.000 [baseline on another machine: 2 of 3] |" in line
     here = {"machine": {"platform": "Linux-x"}}
-    assert not lrs_report._other_host(here, dict(here)) and lrs_report._other_host(here, {"machine": {"platform": "y"}})
-    assert lrs_report._other_host(here, {})  # a run from before machines were stamped
+    assert not lrs._other_host(here, dict(here)) and lrs._other_host(here, {"machine": {"platform": "y"}})
+    assert lrs._other_host(here, {})  # a run from before machines were stamped
     tuned = {**here, "pretrained": "a1"}  # fine-tuning: the pretrained weights it started from
-    assert not lrs_report._other_host(tuned, dict(tuned))
-    assert lrs_report._other_host(tuned, {**here, "pretrained": "b2"}) and lrs_report._other_host(tuned, here)
+    assert not lrs._other_host(tuned, dict(tuned))
+    assert lrs._other_host(tuned, {**here, "pretrained": "b2"}) and lrs._other_host(tuned, here)
 
 
 def test_runs_far_apart_are_told_apart_from_unstamped_ones():
     a, b = {"finished": "2026-11-25T10:00:00+00:00"}, {"finished": "2026-11-25T14:30:00+00:00"}
-    assert lrs_report._hours_apart(a, b) == lrs_report._hours_apart(b, a) == 4.5
-    assert lrs_report._hours_apart(a, {}) == math.inf and lrs_report._hours_apart({}, {}) is None
-
-
-@pytest.mark.slow
-def test_the_delay_study_forks_one_run_and_reads_each_step_against_not_taking_it(tmp_path, monkeypatch):
-    from benchmarks import extrapolation_delay as delay
-
-    monkeypatch.setattr(delay, "OUT", tmp_path)
-    monkeypatch.setattr(delay, "MULTIPLES", (0, 2))
-    delay.main(["--lr", "0.003", "--forks", "6", "10", "--after", "2", "4", "--span", "2"])
-    result = json.loads((tmp_path / "char_gpt_lr0.003_seed0.json").read_text())
-    assert [(r["fork"], r["k"]) for r in result["rows"]] == [(6, 0), (6, 2), (10, 0), (10, 2)]
-    moved = [r for r in result["rows"] if r["k"] == 2]
-    stayed = {r["fork"]: r for r in result["rows"] if r["k"] == 0}
-    assert all(r["probe_now"] != stayed[r["fork"]]["probe_now"] for r in moved)  # the step moved the weights
-    assert all(set(r) >= {"val_now", "val_after_2", "val_after_4"} for r in result["rows"])
-    assert "| 6 | 0 | 1.0000 | 1.0000 | 1.0000 | 1.0000 |" in (tmp_path / "char_gpt_lr0.003_seed0.md").read_text()
-
-
-@pytest.mark.slow
-def test_outer_exit_stops_and_winds_down_the_same_seeds_jumps_where_told():
-    from benchmarks import outer_exit
-
-    plain = outer_exit.run("char_gpt", 0.003, "plain", 31, 16, 0, warmup=4, full_steps=3)
-    runs = {"plain": plain} | {
-        mode: outer_exit.run("char_gpt", 0.003, mode, 31, 16, 0, plain["norms"], warmup=4, full_steps=3)
-        for mode in ("always", "stop", "wind_down", "stop_rescaled", "norm_kept")
-    }  # cycles end at 7, 10, ..., 31; each jump's alignment is read at the next cycle's end
-    assert runs["plain"]["alignments"] == [] and runs["plain"]["stopped_at"] is None
-    assert len(runs["always"]["alignments"]) == 8 and runs["always"]["stopped_at"] is None
-    assert runs["stop"]["stopped_at"] == 16 and len(runs["stop"]["alignments"]) == 3  # the jumps at 7, 10, 13
-    assert runs["stop"]["alignments"] == runs["always"]["alignments"][:3]  # the same run up to the stop
-    assert runs["stop_rescaled"]["stopped_at"] == 16 and all(n > 0 for n in plain["norms"])
-    finals = {mode: r["points"][-1]["val_loss"] for mode, r in runs.items()}
-    assert len(set(finals.values())) == 6  # six different runs
-    text = outer_exit.to_markdown("char_gpt", 0.003, 0, list(runs.values()))
-    assert "| plain | - | 1.0000 (" in text and "| stop | 16 |" in text
+    assert lrs._hours_apart(a, b) == lrs._hours_apart(b, a) == 4.5
+    assert lrs._hours_apart(a, {}) == math.inf and lrs._hours_apart({}, {}) is None

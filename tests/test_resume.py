@@ -9,43 +9,10 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from lightning_hybrid import (
-    DivergenceMonitor,
-    DynamicsPredictor,
-    HybridScheduler,
-    Phase,
-    ResidualCorrector,
-    hybrid_callbacks,
-)
-from tests.helpers import (
-    FAST_PHASES,
-    RegressionModel,
-    SometimesExploding,
-    flat_params,
-    hybrid_trainer,
-    loader,
-    scheduler_of,
-)
+from lightning_hybrid import Phase
+from tests.helpers import RegressionModel, flat_params, hybrid_trainer, loader, resume_callbacks, scheduler_of
 
-SETTINGS = {**FAST_PHASES, "warmup_steps": 3, "full_steps": 3, "max_predict_steps": 5}
 STEPS = 40
-
-
-LEARNED = {
-    "mlp": dict(train_every=2, batch_size=4, min_observations=3),
-    "rssm": dict(train_every=2, batch_size=4, window=4, min_observations=3),
-}
-
-
-def _callbacks(kind: str, memory: str = "none", capture: str = "per_step"):
-    if kind == "linear":
-        return hybrid_callbacks(predictor="linear", **SETTINGS, bandit=False)
-    if kind == "exploding":
-        predictor = DynamicsPredictor(SometimesExploding())
-        scheduler = HybridScheduler(**SETTINGS, predict_memory=memory, capture_buffer=capture)
-        return [scheduler, predictor, ResidualCorrector(), DivergenceMonitor()]
-    # learned predictors with the bandit, whose step-count costs make its decisions deterministic
-    return hybrid_callbacks(predictor=kind, cost="steps", alpha=2.0, **SETTINGS, **LEARNED[kind])
 
 
 def _run(root, ckpt_path=None, checkpoint_every_epoch=False, kind="linear", memory="none", capture="per_step"):
@@ -54,7 +21,7 @@ def _run(root, ckpt_path=None, checkpoint_every_epoch=False, kind="linear", memo
         extra.append(ModelCheckpoint(dirpath=root / "ckpt", save_top_k=-1, every_n_train_steps=2, filename="{step}"))
     trainer, _ = hybrid_trainer(
         STEPS,
-        hybrid=_callbacks(kind, memory, capture),
+        hybrid=resume_callbacks(kind, memory, capture),
         extra_callbacks=extra,
         logger=False,
         enable_checkpointing=checkpoint_every_epoch,

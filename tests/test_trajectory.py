@@ -640,14 +640,13 @@ def test_rules_leave_the_bandit_out_by_default_and_per_step_predictors_keep_it()
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("ranks")
 @pytest.mark.parametrize(
     "kind",
     ["outer", "outer_aligned", "outer_norm", "outer_restart-fused_adam"],
 )  # with fused Adam, `outer`'s steps are quiet: guarded on the device, their readings reduced over ranks there
-def test_ddp_ranks_stay_identical_under_a_rule(tmp_path, kind):
-    from tests.test_ddp import run_ranks
-
-    rank0, rank1 = run_ranks(tmp_path, kind)
+def test_ddp_ranks_stay_identical_under_a_rule(distributed_runs, kind):
+    rank0, rank1 = distributed_runs[1][kind]
     assert not torch.equal(rank0["first_batch"], rank1["first_batch"]), "ranks should see different data"
     assert torch.equal(rank0["params"], rank1["params"])
     assert rank0["summary"]["jumps_made"] == rank1["summary"]["jumps_made"]
@@ -665,12 +664,10 @@ def test_ddp_ranks_stay_identical_under_a_rule(tmp_path, kind):
 
 
 @pytest.mark.slow
-def test_outer_under_fsdp_jumps_each_ranks_shards_as_ddp_jumps_the_whole(tmp_path):
+@pytest.mark.xdist_group("ranks")
+def test_outer_under_fsdp_jumps_each_ranks_shards_as_ddp_jumps_the_whole(distributed_runs):
     """With the alignment verdict, whose cosine sums each rank's shards."""
-    from tests.test_ddp import run_ranks
-
-    ddp = run_ranks(tmp_path / "ddp", "outer_aligned")
-    fsdp = run_ranks(tmp_path / "fsdp", "outer_aligned", strategy="fsdp")
+    ddp, fsdp = distributed_runs[1]["outer_aligned"], distributed_runs[1]["outer_aligned-fsdp"]
     for key in ("jumps_made", "jumps_kept", "rollbacks", "rollback_reasons", "jumps_stopped_at"):
         assert fsdp[0]["summary"][key] == fsdp[1]["summary"][key] == ddp[0]["summary"][key], key
     alignments = [run[0]["summary"]["jump_alignment"] for run in (ddp, fsdp)]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_app import TINY
+from tests.helpers import APP_TINY
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -47,7 +47,7 @@ def test_the_wheel_installed_app_trains_outside_a_checkout(tmp_path):
     assert where.startswith(str(venv)), where  # the wheel's copy, not this checkout
     run_dir = tmp_path / "elsewhere"
     run_dir.mkdir()
-    out = _run(venv / "bin" / "lightning-hybrid-train", f"paths.output_dir={run_dir}", *TINY, cwd=run_dir)
+    out = _run(venv / "bin" / "lightning-hybrid-train", f"paths.output_dir={run_dir}", *APP_TINY, cwd=run_dir)
     assert "final val_loss" in out.stdout
     summary = json.loads((run_dir / "tensorboard" / "hybrid" / "hybrid_summary.json").read_text())
     assert summary["steps_total"] == 12 and summary["backward_skipped"] > 0

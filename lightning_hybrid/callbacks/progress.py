@@ -6,7 +6,6 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import TQDMProgressBar
-from lightning.pytorch.loggers.utilities import _version
 from typing_extensions import override
 
 from lightning_hybrid.callbacks.scheduler import find_scheduler
@@ -21,7 +20,8 @@ class HybridProgressBar(TQDMProgressBar):
     @override
     def get_metrics(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
         metrics = super().get_metrics(trainer, pl_module)
-        version = _version(trainer.loggers) if trainer.loggers else None
+        versions = dict.fromkeys(str(logger.version) for logger in trainer.loggers)  # as Lightning joins them
+        version = trainer.loggers[0].version if len(trainer.loggers) == 1 else "_".join(versions) or None
         if isinstance(version, str) and "v_num" in metrics:
             metrics["v_num"] = version
         scheduler = find_scheduler(trainer)

@@ -169,8 +169,7 @@ class HybridScheduler(HybridComponent):
             return  # accumulating: the optimizer has not stepped yet
         predicted_loss = engine.end_step(trainer.global_step)
         self._in_step = False
-        # the Trainer's cadence (`log_every_n_steps`), as for the module's own `self.log` calls
-        if trainer.loggers and trainer._logger_connector.should_update_logs:
+        if trainer.loggers and logging_step(trainer):
             metrics = engine.metrics(predicted_loss)
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=trainer.global_step)
@@ -235,6 +234,14 @@ class HybridScheduler(HybridComponent):
         if version == 1:
             state = self.engine.migrate_v1(state)
         return {UNVERIFIED: False, **state}  # version 2 kept the flag at the checkpoint's top level
+
+
+def logging_step(trainer: pl.Trainer) -> bool:
+    """Whether the optimizer step just taken is one the Trainer logs the module's ``self.log`` calls at: every
+    ``log_every_n_steps`` optimizer steps, and the last step of a fit that is stopping (Lightning's own rule,
+    from public attributes: the step counted is the optimizer's, one per batch that stepped)."""
+    every = trainer.log_every_n_steps
+    return every > 0 and (trainer.global_step % every == 0 or trainer.should_stop)
 
 
 def is_unverified_checkpoint(checkpoint: dict[str, Any]) -> bool:
