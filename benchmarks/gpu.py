@@ -1,27 +1,21 @@
-"""The GPU proof as one command, for the session that is lent a GPU: everything only a GPU can show, part by part,
-each written as soon as it ends, and resumed from its own results by the next call.
+"""The GPU command, for the session that is lent a GPU: one call measures what only a GPU can show, prints its plan
+and estimated minutes first, writes each part as soon as it ends, and a later call resumes from those results.
 
-    python -m benchmarks.gpu                       # every part not done yet, within 7 minutes of this call
-    python -m benchmarks.gpu --parts sync memory   # only these
-    python -m benchmarks.gpu --budget-min 4        # a shorter call
-    python -m benchmarks.gpu --dry-run             # on the CPU, every part at a tiny size (the CUDA-only checks
-                                                   # skipped by name): the suite runs this so the command cannot rot
+    python -m benchmarks.gpu                       # the call's work: overheads, then quality (about 9 minutes)
+    python -m benchmarks.gpu --parts sync memory   # the earlier mechanics checks, by name
+    python -m benchmarks.gpu --dry-run             # on the CPU at tiny sizes: the suite runs it so it cannot rot
 
-Parts, cheap and decisive first: ``sync`` (quiet steps never synchronise, under ``set_sync_debug_mode("error")``;
-``outer``'s jumps with ``state_on_host`` match those without, through pinned memory and a side stream; a
-per-step predictor's update average waits on the host between fits),
-``memory`` (peak and steady memory per phase; memory flat over 2,000 predicting steps), ``offload`` (what
-``predict_memory`` frees during Predict), ``outer_memory`` (device memory between cycle ends of ``outer``, with
-and without ``state_on_host``, in parameter copies above plain), ``fp16`` (``16-mixed``: the GradScaler with
-rollbacks), ``fsdp`` (``hybrid_fsdp`` on NCCL, where two GPUs are present), ``overheads`` (prediction off, tracking
-and ``outer``, with and without ``state_on_host``, against plain, in one process), and ``gpt2`` (the
-GPT-2-small-shaped task in bf16 with fused AdamW: plain against the defaults (``outer`` with its guards, its state
-in host memory as on every CUDA run), at the task's rate, a third of it and 3 times it, 3 seeds, and plain
-alone at a ninth and 9 times it; its length is planned from two probe runs to fit the call and printed first, and
-its runs carry over calls).
-Results: ``mechanics.json``, ``overheads.json``, ``gpt2.json`` and ``README.md`` in ``--out`` (default
-``benchmarks/results/gpu/<date>``; four files, within what the device tool brings back).
-A part that fails is recorded with its error; the others still run.
+``overheads``: plain Lightning and the default stepping aside, jumping every cycle, and the per-step mode backed off,
+alternating in this process over 5 rounds, on a 25M and the 85M GPT-2-shaped character GPT in bf16 with fused
+AdamW: the steady step's wall time over plain's, timed with a clock that synchronises only where its window starts
+and ends (the host runs ahead of the device, as in a user's run). Stepping aside is also the cost of the steps
+between jumps; jumping minus stepping aside is a jump's cost amortised over its cycle.
+``quality``: the 85M task, 1,000 steps, the cosine schedule decaying over the run, plain and the default
+alternating over 3 seeds, at the tuned rate and, where the plan has room, a third of it: wall time and backward
+passes to plain's final validation loss.
+The mechanics parts (``sync``, ``memory``, ``offload``, ``outer_memory``, ``fp16``, ``fsdp``) run when named.
+Results: ``overheads.json``, ``quality.json``, ``mechanics.json`` and ``README.md`` in ``--out`` (default
+``benchmarks/results/gpu/<date>``). A part that fails is recorded with its error; the others still run.
 """
 
 from __future__ import annotations
@@ -46,7 +40,6 @@ from omegaconf import open_dict
 
 from benchmarks.harness import (
     HYBRID,
-    IDLE_MODES,
     RESULTS,
     against_plain,
     compare_seed,
@@ -233,101 +226,114 @@ def fsdp(call: Call) -> dict[str, Any]:
     return {"passed": done.returncode == 0, "output": (done.stdout + done.stderr)[-2000:]}
 
 
+# -- the issue's two parts: the plugin's cost a step, and time to plain's quality, on the 85M task ----------------
+# the modes against plain (bf16, fused AdamW, the default rule's cycles of 20 steps); a mode's overrides
+OVERHEAD_MODES = {
+    "default_aside": ["predictor=outer", "predictor.verify_resolution=1e-12"],  # no cycle judged: no jump
+    "default_jumping": ["predictor=outer", "predictor.verify_resolution=0"],  # a jump every cycle
+    "per_step_backed_off": ["predictor=linear", "hybrid.enable_prediction=false"],
+}
+OVERHEAD_SIZES = ("25M", "85M")
+OVERHEAD_ROUNDS, OVERHEAD_STEPS = 5, 100
+# The 85M task's tuned rate: plain's best final loss of the five-rate sweep on an H200 (2026-11-26, 200 steps);
+# then a third of it, which the plan runs where it has room.
+QUALITY_LR, QUALITY_STEPS, QUALITY_SEEDS = 1.8e-3, 1000, 3
+QUALITY_RATES = (1.0, 1 / 3)
+# an H100's bf16 step, in seconds, from the earlier calls (a 9 ms step at 25M; 25 ms at 85M on an H200), and the
+# seconds of each run's start (model, data, Trainer) and of 10 validations: what the plan is estimated from
+STEP_S = {"25M": 0.010, "85M": 0.030}
+RUN_START_S, QUALITY_VALIDATION = 4.0, 1.25
+BUDGET_MIN = 9.0  # the two parts' share of one device call (10 minutes at most)
+
+
+def _overhead_minutes(size: str) -> float:
+    return OVERHEAD_ROUNDS * (1 + len(OVERHEAD_MODES)) * (RUN_START_S + OVERHEAD_STEPS * STEP_S[size]) / 60
+
+
+QUALITY_MINUTES = 2 * QUALITY_SEEDS * (RUN_START_S + QUALITY_STEPS * STEP_S["85M"] * QUALITY_VALIDATION) / 60
+
+
+def _rate_done(runs: dict[str, Any], factor: float) -> bool:
+    lr = QUALITY_LR * factor
+    return all(f"lr{lr:.3g}_seed{s}_{c}" in runs for s in range(QUALITY_SEEDS) for c in ("plain", "default"))
+
+
+def quality_rates(dry: bool = False, done: dict[str, Any] | None = None) -> list[float]:
+    """The quality part's rates this call runs (factors of ``QUALITY_LR``), in order, while the call's estimate
+    stays within ``BUDGET_MIN`` (every one in a dry run): what ``done`` (the results so far) holds costs nothing,
+    so a second call runs the rates the first had no room for."""
+    done = done or {}
+    runs = done.get("quality", {}).get("runs", {})
+    minutes = 0.0 if done.get("overheads", {}).get("result") else sum(map(_overhead_minutes, OVERHEAD_SIZES))
+    rates = []
+    for factor in QUALITY_RATES:
+        cost = 0.0 if _rate_done(runs, factor) else QUALITY_MINUTES
+        if rates and minutes + cost > BUDGET_MIN and not dry:
+            break
+        rates.append(factor)
+        minutes += cost
+    return rates
+
+
+def plan(dry: bool = False, done: dict[str, Any] | None = None) -> list[tuple[str, str, float]]:
+    """What a call runs, in order, with its estimated minutes on an H100: ``(part, what, minutes)``."""
+    modes = f"plain and {len(OVERHEAD_MODES)} modes, {OVERHEAD_ROUNDS} rounds"
+    rows = [("overheads", f"{size}: {modes}", _overhead_minutes(size)) for size in OVERHEAD_SIZES]
+    if (done or {}).get("overheads", {}).get("result"):
+        rows = []
+    runs = (done or {}).get("quality", {}).get("runs", {})
+    for factor in quality_rates(dry, done):
+        if _rate_done(runs, factor):
+            continue
+        what = f"85M at {QUALITY_LR * factor:.3g}: plain and the default, {QUALITY_SEEDS} seeds"
+        rows.append(("quality", what, QUALITY_MINUTES))
+    return rows
+
+
 def overheads(call: Call) -> dict[str, Any]:
-    """Hybrid runs that never predict, and ``outer``, against plain Lightning, alternating in this process."""
-    size, steps, rounds = ("1M", 10, 1) if call.dry else ("25M", 200, 3)
-    outer = {"outer": [*OUTER_ON_DEVICE, *OUTER_CYCLES], "outer_on_host": [*OUTER_ON_HOST, *OUTER_CYCLES]}
-    modes = {**IDLE_MODES, **outer}
-    return against_plain(size, steps, rounds, call.workdir, modes)
+    """Plain Lightning and each mode alternating in this process, ``OVERHEAD_ROUNDS`` rounds, per size: the steady
+    step's wall time over plain's, with a clock that synchronises only where its window starts and ends."""
+    extra = [] if call.dry else ["trainer=gpu"]
+    sizes, steps, rounds = (("1M",), 12, 1) if call.dry else (OVERHEAD_SIZES, OVERHEAD_STEPS, OVERHEAD_ROUNDS)
+    modes = {mode: [*overrides, *extra] for mode, overrides in OVERHEAD_MODES.items()}
+    return {size: against_plain(size, steps, rounds, call.workdir, modes) for size in sizes}
 
 
-# the default (the harness's `outer_norm_restart_res`), its state in host memory as on every CUDA run
-GPT2_CONFIGS = {"defaults": []}
-GPT2_SEEDS = 3
-# (the rate over the task's, whether the configurations run beside plain), in the order they run: the issue's two
-# rates first, then plain alone (seed 0) at the sweep's ends, which says whether the task's rate is the tuned one
-GPT2_CELLS = ((1.0, True), (1 / 3, True), (1 / 9, False), (9.0, False), (3.0, True))
-GPT2_RUNS = sum(GPT2_SEEDS * (1 + len(GPT2_CONFIGS)) if compared else 1 for _, compared in GPT2_CELLS)
-
-
-def _probe(call: Call, steps: int) -> float:
-    """Seconds a plain run of ``steps`` takes, start-up and validation included."""
-    started = time.monotonic()
-    fit(call.config("char_gpt_gpt2", steps, [], val_every=12), hybrid=False)
-    return time.monotonic() - started
-
-
-def _gpt2_plan(call: Call) -> dict[str, Any]:
-    """The run length, from two probe runs (a step's time and a run's fixed cost), to fit what is left of this
-    call, at most 20 minutes of runs; a multiple of 10, so that the last of 10 evaluations is at the last step."""
-    _probe(call, 12)  # CUDA's and the data's one-time costs
-    short, long = _probe(call, 12), _probe(call, 36)
-    per_step = max(1e-3, (long - short) / 24)
-    fixed = max(0.0, short - 12 * per_step)
-    minutes = min(20.0, 0.85 * call.left() / 60)
-    steps = 10 * int(min(200, max(20, (minutes * 60 / GPT2_RUNS - fixed) / (per_step * 1.3) / 10)))
-    lr = float(call.config("char_gpt_gpt2", 12, []).model.lr)
-    planned = round(GPT2_RUNS * (fixed + per_step * steps * 1.3) / 60, 1)
-    print(f"gpt2 plan: {steps} steps a run, {per_step:.3f} s a step, {fixed:.1f} s fixed, ~{planned} min")
-    return {"steps": 8 if call.dry else steps, "step_s": per_step, "fixed_s": fixed, "lr": lr, "minutes": planned}
-
-
-def gpt2(call: Call, record: dict[str, Any], save: Callable[[], None]) -> dict[str, Any]:
-    """Plain against the defaults (``outer`` with its guards, ``state_on_host`` as on every CUDA run) on
-    ``char_gpt_gpt2`` at the task's rate, a third of it and 3 times it, 3 seeds, and plain at a ninth and 9 times it
-    (seed 0)."""
-    if "plan" not in record:
-        record["plan"] = _gpt2_plan(call)
-        save()
-    plan, runs = record["plan"], record.setdefault("runs", {})
-    base = plan["lr"]
-    for factor, compared in GPT2_CELLS:
-        lr = base * factor
-        for seed in range(GPT2_SEEDS if compared else 1):
-            for config in ("plain", *GPT2_CONFIGS) if compared else ("plain",):
+def quality(call: Call, record: dict[str, Any], save: Callable[[], None], rates: list[float]) -> dict[str, Any]:
+    """Plain against the defaults on the 85M task, ``QUALITY_STEPS`` steps with the cosine schedule decaying over
+    the run, seeds alternating: wall time and backward passes to plain's final validation loss. Runs carry over
+    calls."""
+    runs = record.setdefault("runs", {})
+    steps = 8 if call.dry else QUALITY_STEPS
+    for factor in rates:
+        lr = QUALITY_LR * factor
+        for seed in range(QUALITY_SEEDS):
+            for config in ("plain", "default"):
                 key = f"lr{lr:.3g}_seed{seed}_{config}"
-                if key in runs:
-                    continue
-                if call.left() < plan["fixed_s"] + plan["step_s"] * plan["steps"] * 1.6:
-                    return record | {"complete": False}
-                cfg = call.config(
-                    "char_gpt_gpt2", plan["steps"], [f"model.lr={lr}", *GPT2_CONFIGS.get(config, [])], seed
-                )
-                runs[key] = fit(cfg, hybrid=config != "plain").to_dict()
-                save()
-    record["comparisons"], record["sweep"] = _gpt2_comparisons(base, runs), _gpt2_sweep(base, runs)
-    return record | {"complete": True}
+                if key not in runs:
+                    cfg = call.config("char_gpt_gpt2", steps, [f"model.lr={lr}"], seed)
+                    runs[key] = fit(cfg, hybrid=config == "default").to_dict()
+                    save()
+    record["comparisons"] = _comparisons(runs, [f for f in QUALITY_RATES if _rate_done(runs, f)])
+    return record | {"complete": all(_rate_done(runs, f) for f in QUALITY_RATES)}
 
 
-def _gpt2_sweep(base: float, runs: dict[str, Any]) -> dict[str, Any]:
-    """Plain's final validation loss at each rate (seed 0), and the rate with the lowest: the tuned one."""
-    finals = {}
-    for factor in sorted(factor for factor, _ in GPT2_CELLS):
-        if (run := runs.get(f"lr{base * factor:.3g}_seed0_plain")) is not None:
-            finals[f"{base * factor:.3g}"] = record_from(run).curve.points[-1].val_loss
-    return {"final_val_loss_by_lr": finals, "tuned_lr": min(finals, key=finals.get)}
-
-
-def _gpt2_comparisons(base: float, runs: dict[str, Any]) -> dict[str, Any]:
-    """Per rate and configuration with every seed run: speedups to plain's final loss in backward passes and in
-    seconds (None where not reached in plain's steps), and the loss at plain's last evaluation."""
+def _comparisons(runs: dict[str, Any], rates: list[float]) -> dict[str, Any]:
+    """Per rate: speedups to plain's final loss in backward passes and wall seconds (None where not reached), and
+    the loss at plain's last evaluation over plain's."""
     out = {}
-    for factor, compared in GPT2_CELLS:
-        lr = base * factor
-        for config in GPT2_CONFIGS if compared else ():
-            if any(f"lr{lr:.3g}_seed{s}_{c}" not in runs for s in range(GPT2_SEEDS) for c in ("plain", config)):
-                continue
-            seeds = []
-            for seed in range(GPT2_SEEDS):
-                plain, other = (record_from(runs[f"lr{lr:.3g}_seed{seed}_{c}"]) for c in ("plain", config))
-                seeds.append(compare_seed(plain, other, plain.curve.points[-1].step))
-            row: dict[str, Any] = {"loss_equal_steps": [s["loss_ratio_equal_steps"] for s in seeds]}
-            for axis in ("backward", "wall_s"):
-                speedups = [s["to_target"][axis]["speedup"] for s in seeds]
-                known = [v for v in speedups if v is not None]
-                row[f"{axis}_speedups"] = speedups
-                row[f"{axis}_median"] = statistics.median(known) if len(known) == len(seeds) else None
-            out[f"lr{lr:.3g}_{config}"] = row
+    for factor in rates:
+        lr = QUALITY_LR * factor
+        seeds = []
+        for seed in range(QUALITY_SEEDS):
+            plain, other = (record_from(runs[f"lr{lr:.3g}_seed{seed}_{c}"]) for c in ("plain", "default"))
+            seeds.append(compare_seed(plain, other, plain.curve.points[-1].step))
+        row: dict[str, Any] = {"loss_equal_steps": [s["loss_ratio_equal_steps"] for s in seeds]}
+        for axis in ("backward", "wall_s"):
+            speedups = [s["to_target"][axis]["speedup"] for s in seeds]
+            row[f"{axis}_speedups"] = speedups
+            row[f"{axis}_median"] = statistics.median(v if v is not None else 0.0 for v in speedups)
+        out[f"lr{lr:.3g}"] = row
     return out
 
 
@@ -340,7 +346,8 @@ MECHANICS: dict[str, tuple[Callable[[Call], dict[str, Any]], float, str | None]]
     "fp16": (fp16, 1.0, "needs CUDA: 16-mixed and its GradScaler"),
     "fsdp": (fsdp, 2.0, "needs two CUDA devices and NCCL"),
 }
-PARTS = (*MECHANICS, "overheads", "gpt2")
+PARTS = ("overheads", "quality")  # the call's work; the mechanics parts run when named
+CHOICES = (*PARTS, *MECHANICS)
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -353,8 +360,9 @@ def _write(path: Path, data: dict[str, Any]) -> None:
 
 def run(parts: list[str], out: Path, budget_min: float, dry: bool) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
-    mechanics, overheads_file, gpt2_file = out / "mechanics.json", out / "overheads.json", out / "gpt2.json"
-    done = {"mechanics": _load(mechanics), "overheads": _load(overheads_file), "gpt2": _load(gpt2_file)}
+    mechanics, overheads_file, quality_file = out / "mechanics.json", out / "overheads.json", out / "quality.json"
+    done = {"mechanics": _load(mechanics), "overheads": _load(overheads_file), "quality": _load(quality_file)}
+    rates = quality_rates(dry, done)
     with tempfile.TemporaryDirectory() as workdir:
         call = Call(out, dry, time.monotonic() + budget_min * 60, workdir)
         for part in parts:
@@ -373,21 +381,19 @@ def run(parts: list[str], out: Path, budget_min: float, dry: bool) -> dict[str, 
                     done["mechanics"][part] = _attempt(fn, call)
                 _write(mechanics, done["mechanics"] | {"machine": machine()})
             elif part == "overheads" and not done["overheads"].get("result"):
-                if call.left() < 4 * 60 and not dry:
-                    continue
                 done["overheads"] = {"result": _attempt(overheads, call), "machine": machine()}
                 _write(overheads_file, done["overheads"])
-            elif part == "gpt2" and not done["gpt2"].get("complete"):
-                record = done["gpt2"]
+            elif part == "quality" and not done["quality"].get("complete"):
+                record = done["quality"]
 
                 def save(record: dict[str, Any] = record) -> None:
-                    _write(gpt2_file, record | {"machine": machine()})
+                    _write(quality_file, record | {"machine": machine()})
 
                 try:
-                    done["gpt2"] = gpt2(call, record, save)
+                    done["quality"] = quality(call, record, save, rates)
                 except Exception:  # the part's error is its result; the runs so far stay in the file
-                    done["gpt2"] = record | {"error": traceback.format_exc()[-3000:]}
-                _write(gpt2_file, done["gpt2"] | {"machine": machine()})
+                    done["quality"] = record | {"error": traceback.format_exc()[-3000:]}
+                _write(quality_file, done["quality"] | {"machine": machine()})
             write_atomic(out / "README.md", markdown(done))
     return done
 
@@ -400,7 +406,7 @@ def _attempt(fn: Callable[[Call], dict[str, Any]], call: Call) -> dict[str, Any]
 
 
 def markdown(done: dict[str, Any]) -> str:
-    recorded = [d["machine"] for d in (done["gpt2"], done["overheads"], done["mechanics"]) if "machine" in d]
+    recorded = [d["machine"] for d in (done["quality"], done["overheads"], done["mechanics"]) if "machine" in d]
     where = recorded[0] if recorded else machine()  # the GPU's, when the results are read back elsewhere
     lines = ["# The GPU proof (`python -m benchmarks.gpu`)", "", f"Machine: {where}", "", "| part | result |"]
     lines.append("|---|---|")
@@ -408,9 +414,9 @@ def markdown(done: dict[str, Any]) -> str:
         if part != "machine":
             lines.append(f"| {part} | {_short(result)} |")
     lines.append(f"| overheads | {_short(done['overheads'].get('result', {'not run': True}))} |")
-    gpt2_done = done["gpt2"]
-    summary = gpt2_done.get("comparisons") or {"runs so far": len(gpt2_done.get("runs", {}))}
-    lines.append(f"| gpt2 | {_short(summary)} |")
+    quality_done = done["quality"]
+    summary = quality_done.get("comparisons") or {"runs so far": len(quality_done.get("runs", {}))}
+    lines.append(f"| quality | {_short(summary)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -420,15 +426,27 @@ def _short(result: dict[str, Any]) -> str:
     return json.dumps(picked, default=str)[:400].replace("|", "/")
 
 
+def plan_text(parts: list[str], dry: bool = False, done: dict[str, Any] | None = None) -> str:
+    rows = [r for r in plan(dry, done) if r[0] in parts]
+    lines = [f"plan ({'dry run, tiny sizes' if dry else 'estimated minutes on an H100'}):"]
+    lines += [f"  {part:9s} {what:55s} ~{minutes:.1f} min" for part, what, minutes in rows]
+    named = [p for p in parts if p in MECHANICS]
+    lines += [f"  {p:9s} (named) ~{MECHANICS[p][1]:.1f} min" for p in named]
+    total = sum(r[2] for r in rows) + sum(MECHANICS[p][1] for p in named)
+    return "\n".join([*lines, f"  total ~{total:.1f} min"])
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
-    parser.add_argument("--budget-min", type=float, default=7.0, help="minutes this call may start work in")
+    parser.add_argument("--parts", nargs="+", choices=CHOICES, default=list(PARTS))
+    parser.add_argument("--budget-min", type=float, default=BUDGET_MIN, help="minutes the mechanics parts may use")
     parser.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU; the CUDA-only parts skipped")
     parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/gpu/<date>")
     args = parser.parse_args(argv)
     torch.set_num_threads(1 if args.dry_run else torch.get_num_threads())
     out = args.out or RESULTS / "gpu" / datetime.date.today().isoformat()
+    done = {name: _load(out / f"{name}.json") for name in ("overheads", "quality")}
+    print(plan_text(args.parts, args.dry_run, done), flush=True)  # before anything runs: what the call will do
     done = run(args.parts, out, args.budget_min, args.dry_run)
     print(markdown(done))
 

@@ -13,7 +13,7 @@ from benchmarks import gpu
 
 @pytest.mark.slow
 def test_the_dry_run_runs_every_part_and_a_second_call_resumes(tmp_path):
-    done = gpu.run(list(gpu.PARTS), tmp_path, budget_min=5, dry=True)
+    done = gpu.run([*gpu.PARTS, *gpu.MECHANICS], tmp_path, budget_min=5, dry=True)
     mechanics = json.loads((tmp_path / "mechanics.json").read_text())
     for part, (_, _, cpu_reason) in gpu.MECHANICS.items():
         result = mechanics[part]
@@ -25,21 +25,35 @@ def test_the_dry_run_runs_every_part_and_a_second_call_resumes(tmp_path):
     assert set(mechanics["offload"]) == {"none", "offload", "aggressive"}
     assert set(mechanics["outer_memory"]) == {"plain", "outer_norm_restart", "state_on_host"}
     assert mechanics["outer_memory"]["state_on_host"]["jumps_made"] >= 2
-    overheads = json.loads((tmp_path / "overheads.json").read_text())["result"]
-    assert {"backed_off", "tracking", "outer", "outer_on_host"} <= set(overheads["hybrid_over_plain"])
-    record = json.loads((tmp_path / "gpt2.json").read_text())
-    # 3 compared rates x 3 seeds x (plain, the default), and plain alone at 2 more rates
-    assert record["complete"] and len(record["runs"]) == gpu.GPT2_RUNS == 3 * 3 * 2 + 2 and record["plan"]["steps"] == 8
-    rates = [record["plan"]["lr"] * factor for factor in (1, 1 / 3, 3)]
-    assert set(record["comparisons"]) == {f"lr{lr:.3g}_{c}" for lr in rates for c in gpu.GPT2_CONFIGS}
+    overheads = json.loads((tmp_path / "overheads.json").read_text())["result"]["1M"]
+    assert set(overheads["hybrid_over_plain"]) == set(gpu.OVERHEAD_MODES) and overheads["clock"] == "cpu_s"
+    record = json.loads((tmp_path / "quality.json").read_text())
+    # both rates x 3 seeds x (plain, the default): the dry run plans every rate
+    assert record["complete"] and len(record["runs"]) == len(gpu.QUALITY_RATES) * gpu.QUALITY_SEEDS * 2
+    assert set(record["comparisons"]) == {f"lr{gpu.QUALITY_LR * f:.3g}" for f in gpu.QUALITY_RATES}
     assert all(None not in row["loss_equal_steps"] for row in record["comparisons"].values())
-    finals = record["sweep"]["final_val_loss_by_lr"]
-    assert len(finals) == 5 and record["sweep"]["tuned_lr"] == min(finals, key=finals.get)
-    assert "| gpt2 |" in (tmp_path / "README.md").read_text()
+    assert "| quality |" in (tmp_path / "README.md").read_text()
     stamps = {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("*.json")}
-    again = gpu.run(list(gpu.PARTS), tmp_path, budget_min=5, dry=True)
+    again = gpu.run([*gpu.PARTS, *gpu.MECHANICS], tmp_path, budget_min=5, dry=True)
     assert {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("*.json")} == stamps  # nothing re-run
-    assert again["gpt2"]["runs"] == done["gpt2"]["runs"]
+    assert again["quality"]["runs"] == done["quality"]["runs"]
+
+
+def test_the_plan_fits_one_call_and_is_printed_before_anything_runs(capsys, monkeypatch):
+    """The call's two parts fit ``BUDGET_MIN`` on an H100 by the plan's own estimate, the tuned rate always runs,
+    and ``main`` prints the plan first."""
+    rows = gpu.plan()
+    assert [part for part, _, _ in rows][:3] == ["overheads", "overheads", "quality"]
+    assert sum(minutes for _, _, minutes in rows) <= gpu.BUDGET_MIN <= 9.0
+    assert gpu.quality_rates()[0] == 1.0 and gpu.quality_rates(dry=True) == list(gpu.QUALITY_RATES)
+    tuned = {f"lr{gpu.QUALITY_LR:.3g}_seed{s}_{c}": {} for s in range(gpu.QUALITY_SEEDS) for c in ("plain", "default")}
+    done = {"overheads": {"result": {"25M": {}}}, "quality": {"runs": tuned}}
+    second = gpu.plan(done=done)  # the next call: what the first had no room for
+    assert [what for _, what, _ in second] == [f"85M at {gpu.QUALITY_LR / 3:.3g}: plain and the default, 3 seeds"]
+    monkeypatch.setattr(gpu, "run", lambda *args: {"mechanics": {}, "overheads": {}, "quality": {}})
+    gpu.main(["--dry-run", "--out", "unused"])
+    printed = capsys.readouterr().out
+    assert printed.startswith("plan (dry run") and "total ~" in printed.split("# The GPU")[0]
 
 
 def test_a_failing_part_is_recorded_and_the_others_still_run(tmp_path, monkeypatch):
