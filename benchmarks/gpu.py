@@ -41,6 +41,7 @@ from omegaconf import open_dict
 from benchmarks.harness import (
     HYBRID,
     RESULTS,
+    SIZES,
     against_plain,
     compare_seed,
     fit,
@@ -56,7 +57,7 @@ TINY_GPT = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "data.block_
 PREDICTING = ["predictor=linear", "hybrid.warmup_steps=20", "hybrid.full_steps=10", "hybrid.confidence_threshold=0.0"]
 PREDICTING += ["hybrid.predict_lr_fraction=1.0", "hybrid.max_consecutive_rollbacks=1000"]
 PREDICTING += ["hybrid.bandit=false", "hybrid.backoff_after=0"]  # keep predicting: these parts measure its mechanics
-MID = ["model.n_layer=8", "model.n_embd=512", "model.n_head=8", "data.batch_size=8"]  # 25M parameters
+MID = SIZES["25M"]  # 25M parameters
 
 
 @dataclass
@@ -293,10 +294,9 @@ def plan(dry: bool = False, done: dict[str, Any] | None = None) -> list[tuple[st
 def overheads(call: Call) -> dict[str, Any]:
     """Plain Lightning and each mode alternating in this process, ``OVERHEAD_ROUNDS`` rounds, per size: the steady
     step's wall time over plain's, with a clock that synchronises only where its window starts and ends."""
-    extra = [] if call.dry else ["trainer=gpu"]
+    common = [] if call.dry else ["trainer=gpu"]  # bf16, plain's runs too
     sizes, steps, rounds = (("1M",), 12, 1) if call.dry else (OVERHEAD_SIZES, OVERHEAD_STEPS, OVERHEAD_ROUNDS)
-    modes = {mode: [*overrides, *extra] for mode, overrides in OVERHEAD_MODES.items()}
-    return {size: against_plain(size, steps, rounds, call.workdir, modes) for size in sizes}
+    return {size: against_plain(size, steps, rounds, call.workdir, OVERHEAD_MODES, common) for size in sizes}
 
 
 def quality(call: Call, record: dict[str, Any], save: Callable[[], None], rates: list[float]) -> dict[str, Any]:

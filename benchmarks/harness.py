@@ -19,7 +19,7 @@ import torch
 from omegaconf import open_dict
 
 from benchmarks.curves import AXES, Curve, CurveRecorder, Point, time_to_target, value_at
-from benchmarks.tasks import Length, compose_run
+from benchmarks.tasks import TASKS, Length, compose_run
 from lightning_hybrid.callbacks import find_scheduler
 from lightning_hybrid.runner import build_run
 
@@ -44,9 +44,10 @@ HYBRID = {  # configuration -> overrides
     "outer_norm_restart_mu6": [*OUTER_NORM_RESTART, "predictor.outer_momentum=0.6"],  # 0.7 / 0.4 = 1.75 cycles
 }
 # the character GPT's sizes the overhead and long-run drivers use; parameters: 1.07M and 25.5M
-SIZES = {  # overrides of the character GPT; parameters: 1.07M and 25.5M
+SIZES = {  # overrides of the character GPT; parameters: 1.07M, 25.5M and 85M
     "1M": ["model.n_layer=4", "model.n_embd=144", "model.n_head=4", "data.batch_size=32"],
     "25M": ["model.n_layer=8", "model.n_embd=512", "model.n_head=8", "data.batch_size=8"],
+    "85M": [o for o in TASKS["char_gpt_gpt2"].overrides if not o.startswith("model.lr=")],  # the GPT-2 shape
     # the same model on 4x the batch: the backward's activations, not the optimizer step, make the fit's peak
     "25M_batch32": ["model.n_layer=8", "model.n_embd=512", "model.n_head=8", "data.batch_size=32"],
 }
@@ -275,15 +276,18 @@ def gpt_config(size: str, steps: int, workdir: str, extra: list[str]) -> Any:
     return cfg
 
 
-def against_plain(size: str, steps: int, rounds: int, workdir: str, modes: dict[str, list[str]]) -> dict[str, Any]:
+def against_plain(
+    size: str, steps: int, rounds: int, workdir: str, modes: dict[str, list[str]], common: Sequence[str] = ()
+) -> dict[str, Any]:
     """Each mode's overrides and plain Lightning in turn, ``rounds`` times: the per-round ratios of
-    training time, whole fit and steady steps, and what each hybrid run did (jumps, cycles too noisy to judge)."""
+    training time, whole fit and steady steps, and what each hybrid run did (jumps, cycles too noisy to judge).
+    ``common``: overrides of every run, plain's included (the trainer, its precision)."""
     times: dict[str, list[float]] = {"plain": [], **{mode: [] for mode in modes}}
     steady: dict[str, list[float]] = {label: [] for label in times}
     kept: dict[str, list[dict[str, int]]] = {mode: [] for mode in modes}
     for _ in range(rounds):
         for label in times:
-            cfg = gpt_config(size, steps, workdir, modes.get(label, []))
+            cfg = gpt_config(size, steps, workdir, [*common, *modes.get(label, [])])
             trainer, model, data, meter = build_run(cfg, hybrid=label != "plain")
             cuda = trainer.strategy.root_device.type == "cuda"
             clock = StepClock(meter, cuda)

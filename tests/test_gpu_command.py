@@ -65,3 +65,33 @@ def test_a_failing_part_is_recorded_and_the_others_still_run(tmp_path, monkeypat
     done = gpu.run(["offload", "memory", "sync"], tmp_path, budget_min=1, dry=True)
     assert "out of memory, say" in done["mechanics"]["offload"]["error"]
     assert done["mechanics"]["memory"] == {"ran": True} and "skipped" in done["mechanics"]["sync"]
+
+
+def test_the_overheads_sizes_are_the_harness_sizes_and_85m_is_the_gpt2_task(tmp_path):
+    """The part names its sizes by the harness's table; 85M composes the GPT-2-shaped task's model and data."""
+    from benchmarks.harness import SIZES, gpt_config
+    from benchmarks.tasks import compose_run
+
+    assert set(gpu.OVERHEAD_SIZES) <= set(SIZES)
+    ours = gpt_config("85M", 10, str(tmp_path), [])
+    task = compose_run("char_gpt_gpt2", "quick", 0, [], str(tmp_path))
+    for key in ("n_layer", "n_head", "n_embd"):
+        assert ours.model[key] == task.model[key], key
+    assert ours.data.block_size == task.data.block_size and ours.data.batch_size == task.data.batch_size
+
+
+def test_plain_against_the_modes_takes_the_common_overrides_too(tmp_path, monkeypatch):
+    """On the GPU the part runs in bf16 (``trainer=gpu``): plain, which runs first, must too, or the ratio compares
+    precisions."""
+    from benchmarks import harness
+
+    class Composed(Exception):
+        pass
+
+    def config(size, steps, workdir, extra):
+        raise Composed(list(extra))
+
+    monkeypatch.setattr(harness, "gpt_config", config)
+    with pytest.raises(Composed) as plain:
+        harness.against_plain("1M", 2, 1, str(tmp_path), gpu.OVERHEAD_MODES, ["trainer=gpu"])
+    assert plain.value.args[0] == ["trainer=gpu"]

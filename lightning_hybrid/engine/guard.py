@@ -96,8 +96,7 @@ class StepGuard:
         grad_norm = (
             self.collectives.sum_across_ranks(sq_norm(grads)).sqrt() if grads else torch.zeros((), device=device)
         )
-        values = torch.stack([loss.to(device=device, dtype=torch.float32), grad_norm.float()])
-        return self.collectives.reduce(values, reduce_op="mean")
+        return self._mean_on_device([loss, grad_norm])
 
     def read(self, owners: list[Tensor], loss_sum: Tensor | None) -> Reading | None:
         """The step's reading; ``None`` when the user's ``training_step`` skipped the batch (no loss, no grads).
@@ -154,8 +153,11 @@ class StepGuard:
 
     def mean_over_ranks(self, values: list[Tensor]) -> list[float]:
         """Average scalars over ranks (identity on one device), so every rank takes the same decision."""
+        return self._mean_on_device(values).tolist()
+
+    def _mean_on_device(self, values: list[Tensor]) -> Tensor:
         stacked = torch.stack([v.to(device=self.device, dtype=torch.float32) for v in values])
-        return self.collectives.reduce(stacked, reduce_op="mean").tolist()
+        return self.collectives.reduce(stacked, reduce_op="mean")
 
     def skip(self, optimizer: Optimizer, grads: list[Tensor]) -> None:
         """Make the coming ``optimizer.step`` a no-op."""
