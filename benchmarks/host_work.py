@@ -17,9 +17,10 @@ then the median and range over rounds. Modes: the default stepping aside (a limi
 no jump), the default judging and jumping every cycle (with AdamW as it is, which every ordinary step must read
 to the host to skip a non-finite update, and fused, which skips it on the device so that quiet steps read nothing),
 and the per-step mode backed off and tracking every update.
-Times on a shared machine spread widely, so two counts that do not vary stand beside them: per step above plain,
-over a whole run of each mode, the Python function calls (a profile's) and the tensor operations (torch's
-dispatcher's; on a GPU each is a kernel launch or a host-side op). A profile of one run of the default, its top
+Times on a shared machine spread widely, so three figures that hardly vary stand beside them: the plugin's own time
+per step (:class:`OwnTime`, over whole runs: median and range of three) and, per step above plain over a whole run
+of each mode, the Python function calls (a profile's) and the tensor operations (torch's dispatcher's; on a GPU each
+is a kernel launch or a host-side op). A profile of one run of the default, its top
 entries by the plugin's own time, closes the report.
 Not a timed test: the suite runs it at a few steps only so that it cannot rot.
 """
@@ -37,12 +38,17 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.loops.optimization.automatic import Closure
+from lightning.pytorch.strategies import Strategy
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import DataLoader, TensorDataset
 
 from benchmarks.harness import RESULTS, machine, write_atomic
 from lightning_hybrid import HybridPredictStrategy, hybrid_callbacks
+from lightning_hybrid.callbacks.scheduler import HybridScheduler
+from lightning_hybrid.engine import HybridEngine
+from lightning_hybrid.strategy import HybridStrategyMixin
 
 OUT = RESULTS / "host_work"
 MODES: dict[str, dict[str, Any]] = {  # mode -> hybrid_callbacks settings (and, as `fused`, the optimizer's)
@@ -52,6 +58,12 @@ MODES: dict[str, dict[str, Any]] = {  # mode -> hybrid_callbacks settings (and, 
     "per_step_backed_off": {"predictor": "linear", "enable_prediction": False},
     "per_step_tracking": {"predictor": "linear", "confidence_threshold": 1.0, "backoff_after": 0},
 }
+BRACKETED_PLUGIN = {
+    HybridScheduler: ("on_train_batch_start", "on_train_batch_end", "_before_optimizer_step", "_after_optimizer_step"),
+    HybridStrategyMixin: ("training_step", "backward", "optimizer_step"),
+    HybridEngine: ("_check_ordinary_step",),
+}
+BRACKETED_LIGHTNING = {Strategy: ("training_step", "backward", "optimizer_step"), Closure: ("__call__",)}
 GOALS_US = {"default_aside": 50, "default_jumping": 100, "per_step_backed_off": 100}
 
 
@@ -121,6 +133,62 @@ def measure(steps: int, rounds: int) -> dict[str, Any]:
                                                                   for m, a in above.items()}}  # fmt: skip
 
 
+class OwnTime:
+    """The plugin's own time: while it is on, each moment goes to the innermost bracketed function running, either
+    one of the plugin's entry points (the scheduler's hooks, the strategy's three overrides, the engine's guard
+    inside the optimizer's closure) or one of Lightning's methods the plugin calls back into (the parent strategy's
+    step methods, Lightning's closure), and the moments in the plugin's are summed. Unlike a difference of two runs
+    it does not move with the machine's load; it leaves out Lightning's dispatch of the plugin's hooks (a few µs)."""
+
+    def __init__(self) -> None:
+        self.inside: list[bool] = []  # the bracketed functions running, innermost last: the plugin's (True)?
+        self.mark = 0
+        self.plugin_ns = 0
+        self._patched: list[tuple[type, str, Any]] = []
+
+    def _switch(self) -> None:
+        now = time.perf_counter_ns()
+        if self.inside and self.inside[-1]:
+            self.plugin_ns += now - self.mark
+        self.mark = now
+
+    def _bracket(self, owner: type, name: str, plugin: bool) -> None:
+        function = owner.__dict__[name]
+
+        def bracketed(*args: Any, **kwargs: Any) -> Any:
+            self._switch()
+            self.inside.append(plugin)
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self._switch()
+                self.inside.pop()
+
+        self._patched.append((owner, name, function))
+        setattr(owner, name, bracketed)
+
+    def __enter__(self) -> OwnTime:
+        for owner, names in BRACKETED_PLUGIN.items():
+            for name in names:
+                self._bracket(owner, name, plugin=True)
+        for owner, names in BRACKETED_LIGHTNING.items():
+            for name in names:
+                self._bracket(owner, name, plugin=False)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for owner, name, function in reversed(self._patched):
+            setattr(owner, name, function)
+
+
+def own_us(steps: int, settings: dict[str, Any], fused: bool) -> float:
+    """The plugin's own time per step over one run (:class:`OwnTime`), after a run that warms the code up."""
+    _fit(steps // 4, settings, fused)
+    with OwnTime() as own:
+        _fit(steps, settings, fused)
+    return own.plugin_ns / steps / 1e3
+
+
 class OpCount(TorchDispatchMode):
     """Counts the tensor operations torch's dispatcher runs while it is active."""
 
@@ -144,14 +212,20 @@ def _counted(steps: int, settings: dict[str, Any] | None, fused: bool) -> tuple[
     return sum(v[1] for v in pstats.Stats(profiler).stats.values()), count.ops
 
 
-def counts(steps: int) -> dict[str, dict[str, float]]:
-    """Per mode: Python calls and tensor operations per step above plain's, over a whole run."""
+def counts(steps: int, repeats: int = 3) -> dict[str, dict[str, Any]]:
+    """Per mode: Python calls and tensor operations per step above plain's, over a whole run, and the plugin's own
+    time per step over ``repeats`` runs."""
     out = {}
     for mode, settings in MODES.items():
         settings = dict(settings)
         fused = settings.pop("fused", False)
         plain, hybrid = _counted(steps, None, fused), _counted(steps, settings, fused)
-        out[mode] = {"python_calls": (hybrid[0] - plain[0]) / steps, "tensor_ops": (hybrid[1] - plain[1]) / steps}
+        own = [own_us(steps, settings, fused) for _ in range(repeats)]
+        out[mode] = {
+            "python_calls": (hybrid[0] - plain[0]) / steps,
+            "tensor_ops": (hybrid[1] - plain[1]) / steps,
+            "own_us": {"median": statistics.median(own), "min": min(own), "max": max(own), "runs": own},
+        }
     return out
 
 
@@ -177,16 +251,17 @@ def profile(steps: int, top: int = 12) -> list[dict[str, Any]]:
 
 def markdown(result: dict[str, Any]) -> str:
     rows = [
-        "| mode | quiet step, µs above plain | a cycle's steps on average, µs above plain | goal | Python calls a "
-        "step above plain | tensor ops a step above plain |",
-        "|---|---|---|---|---|---|",
+        "| mode | quiet step, µs above plain | a cycle's steps on average, µs above plain | goal | the plugin's own "
+        "time, µs a step | Python calls a step above plain | tensor ops a step above plain |",
+        "|---|---|---|---|---|---|---|",
     ]
     for mode, parts in result["above_plain_us"].items():
         cells = [f"{p['median']:.0f} ({p['min']:.0f} to {p['max']:.0f})" for p in (parts["quiet"], parts["cycle"])]
         count = result["counts"][mode]
+        own = count["own_us"]
         rows.append(
-            f"| {mode} | {cells[0]} | {cells[1]} | {GOALS_US.get(mode, '-')} | {count['python_calls']:.0f} | "
-            f"{count['tensor_ops']:.1f} |"
+            f"| {mode} | {cells[0]} | {cells[1]} | {GOALS_US.get(mode, '-')} | {own['median']:.0f} ({own['min']:.0f} "
+            f"to {own['max']:.0f}) | {count['python_calls']:.0f} | {count['tensor_ops']:.1f} |"
         )
     plain = result["plain_step_us"]
     top = "\n".join(f"| {r['function']} | {r['calls']} | {r['own_ms']:.1f} | {r['with_callees_ms']:.1f} |"

@@ -41,8 +41,8 @@ def test_a_batch_the_user_skipped_gives_no_reading():
 
 
 class _Scaler:
-    def get_scale(self) -> float:
-        return 4.0
+    def _get_scale_async(self) -> torch.Tensor:  # torch's GradScaler: its scale on the device, unread
+        return torch.full((1,), 4.0)
 
 
 def test_under_a_gradient_scaler_the_norm_is_unscaled_and_a_skip_makes_gradients_nan():

@@ -160,14 +160,14 @@ class HybridScheduler(HybridComponent):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
     ) -> None:
-        engine = self.engine
+        engine, global_step = self.engine, trainer.global_step
         if not engine.bound:
             return
         if engine.step.phase is Phase.PREDICT:
             engine.record.counters.backward_skipped += 1
-        if trainer.global_step == engine.global_step:
+        if global_step == engine.global_step:
             return  # accumulating: the optimizer has not stepped yet
-        predicted_loss = engine.end_step(trainer.global_step)
+        predicted_loss = engine.end_step(global_step)
         self._in_step = False
         if trainer.loggers and logging_step(trainer):
             metrics = engine.metrics(predicted_loss)

@@ -6,11 +6,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from lightning_hybrid.engine.guard import loss_and_norm
 from lightning_hybrid.engine.record import StepRecord
 from lightning_hybrid.phase import Phase
 from lightning_hybrid.summary import RunCounters
@@ -55,16 +57,17 @@ def _host(values: Tensor | list | None) -> list | None:
     return values.tolist() if isinstance(values, Tensor) else values
 
 
-def host_reading(loss: float, grad_norm: float, skipped: float) -> list[float]:
+def host_reading(values: list[float], skipped: float) -> list[float]:
     """A quiet step's reading on the host, ``[loss, grad_norm, nonfinite, outlier]``, from what the device guard
     returned: a skipped step with finite values was skipped for its gradient norm."""
+    loss, grad_norm = loss_and_norm(values)
     nonfinite = not (math.isfinite(loss) and math.isfinite(grad_norm))
     return [loss, grad_norm, float(nonfinite), float(bool(skipped) and not nonfinite)]
 
 
 def _host_reading(reading: tuple[Tensor, Tensor] | list[float] | None) -> list[float] | None:
     if isinstance(reading, tuple):
-        return host_reading(*reading[0].tolist(), reading[1].item())
+        return host_reading(reading[0].tolist(), reading[1].item())
     return reading
 
 
@@ -88,7 +91,7 @@ def read_all(pending: list[Deferred], counters: RunCounters) -> None:
         flat = iter(torch.cat([t.reshape(-1) for t in on_device]).tolist())  # each step's reading, then tracked
         for d in pending:
             if isinstance(d.step.reading, tuple):
-                d.step.reading = host_reading(next(flat), next(flat), next(flat))
+                d.step.reading = host_reading(list(islice(flat, d.step.reading[0].numel())), next(flat))
             d.tracked = _read(d.tracked, flat)
     for entry in pending:
         step = entry.step

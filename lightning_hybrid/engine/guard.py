@@ -21,7 +21,6 @@ from torch.optim import Optimizer
 from lightning_hybrid.engine.components import Monitor
 from lightning_hybrid.engine.interface import Collectives
 from lightning_hybrid.engine.record import StepRecord
-from lightning_hybrid.stats import sq_norm
 from lightning_hybrid.summary import RunCounters
 
 FLOAT32_MAX = torch.finfo(torch.float32).max
@@ -37,6 +36,11 @@ class Reading:
     grads: list[Tensor]  # this rank's local gradients, for a skip
 
 
+def loss_and_norm(values: list[float]) -> tuple[float, float]:
+    """The loss and the gradients' whole norm from a measurement read to the host (:meth:`StepGuard._measure`)."""
+    return values[0], math.hypot(*values[1:])
+
+
 class StepGuard:
     """Measures an ordinary step before its update and can cancel the update.
 
@@ -50,7 +54,7 @@ class StepGuard:
         self.scaler = scaler
         self.device = collectives.root_device  # asked once: a strategy's property builds it on every call
         self.sharded = collectives.sharded
-        self._limit, self._bounds_now = math.nan, torch.empty(0)  # see _bounds
+        self._limit, self._bound_now, self._mask_now = math.nan, torch.empty(0), torch.empty(0)
 
     def check(
         self,
@@ -89,14 +93,18 @@ class StepGuard:
         return [p.grad for p in owners if p.grad is not None]
 
     def _measure(self, grads: list[Tensor], loss_sum: Tensor | None) -> Tensor:
-        """``[loss, gradient norm]`` on the device, averaged over ranks: a mean is non-finite if any rank's is, and
-        every rank takes the same decision."""
-        device = self.device
-        loss = loss_sum if loss_sum is not None else torch.full((), math.nan, device=device)
-        grad_norm = (
-            self.collectives.sum_across_ranks(sq_norm(grads)).sqrt() if grads else torch.zeros((), device=device)
-        )
-        return self._mean_on_device([loss, grad_norm])
+        """``[loss, the gradients' norms...]`` on the device in float32, agreed over ranks (a mean over ranks is
+        non-finite if any rank's is, and every rank takes the same decision): one fused norm and one stack, as few
+        kernels as every step can afford. The whole norm is taken on the host (:func:`loss_and_norm`) or, for a
+        quiet step's decision, on the device. A rank holding shards has parts of each gradient: their squared norms
+        add up over ranks to the whole norm, one entry. Unscaled by a gradient scaler's scale, on the device."""
+        loss = loss_sum if loss_sum is not None else torch.full((), math.nan, device=self.device)
+        norms = torch._foreach_norm(grads, 2, dtype=torch.float32) if grads else []
+        if self.scaler is not None and grads:  # get_scale() would read the scale to the host
+            norms = torch._foreach_div(norms, self.scaler._get_scale_async().view(()))
+        if self.sharded and grads:
+            norms = [self.collectives.sum_across_ranks(torch.stack(norms).square().sum()).sqrt()]
+        return self.collectives.reduce(torch.stack([loss, *norms]), reduce_op="mean")
 
     def read(self, owners: list[Tensor], loss_sum: Tensor | None) -> Reading | None:
         """The step's reading; ``None`` when the user's ``training_step`` skipped the batch (no loss, no grads).
@@ -104,11 +112,8 @@ class StepGuard:
         grads = self._grads(owners)
         if loss_sum is None and not grads:
             return None
-        loss_v, grad_norm_v = self._measure(grads, loss_sum).tolist()
-        finite = math.isfinite(loss_v) and math.isfinite(grad_norm_v)
-        if self.scaler is not None:
-            grad_norm_v /= float(self.scaler.get_scale())
-        return Reading(loss_v, grad_norm_v, finite, grads)
+        loss, grad_norm = loss_and_norm(self._measure(grads, loss_sum).tolist())
+        return Reading(loss, grad_norm, math.isfinite(loss) and math.isfinite(grad_norm), grads)
 
     def skips_on_device(self, optimizer: Optimizer) -> bool:
         """Whether this optimizer's update can be cancelled by a device tensor, with no host read."""
@@ -118,31 +123,39 @@ class StepGuard:
         self, optimizer: Optimizer, owners: list[Tensor], loss_sum: Tensor | None, outlier_limit: float
     ) -> tuple[Tensor, Tensor] | None:
         """Guard a quiet step on the device: the update is skipped when the loss or gradient norm is non-finite or
-        the norm exceeds ``outlier_limit``. Returns ``[loss, grad_norm]`` and whether the update was skipped (1.0)
-        or not (0.0), device tensors agreed over ranks, for a later read (:func:`host_reading`); ``None`` when the
-        user's ``training_step`` skipped the batch. A few small kernels only: each is a launch on every quiet step."""
+        the norm exceeds ``outlier_limit``. Returns the measurement (:meth:`_measure`) and whether the update was
+        skipped (1.0) or not (0.0), device tensors agreed over ranks, for a later read (:func:`host_reading`);
+        ``None`` when the user's ``training_step`` skipped the batch. Six kernels in all: each is a launch on every
+        quiet step."""
         grads = self._grads(owners)
         if loss_sum is None and not grads:
             return None
         values = self._measure(grads, loss_sum)
-        if self.scaler is not None:  # unscaled by a device tensor: get_scale() would read it
-            values = torch.cat([values[:1], values[1:] / self.scaler._get_scale_async()])
-        ok = (values.abs() <= self._bounds(outlier_limit)).all()  # finite, and the norm within the limit
-        skipped = ok.logical_not().float()
+        norm = torch.linalg.vector_norm(values * self._mask(values))  # the whole norm, nan if the loss is not finite
+        ok = norm <= self._bound(outlier_limit)  # finite, and within the limit
+        skipped = torch.where(ok, 0.0, 1.0)
         if self.scaler is not None:
             torch._foreach_mul_(grads, torch.where(ok, 1.0, math.nan))  # the scaler skips non-finite gradients
         else:
             optimizer.found_inf, optimizer.grad_scale = skipped, None  # read by the fused step, as under AMP
         return values, skipped
 
-    def _bounds(self, outlier_limit: float) -> Tensor:
-        """``[|loss|, grad_norm]`` must be at most this to pass: a non-finite value is above any float32, a norm
-        above the limit is an outlier (compared in float32, as a tensor compares with a number). Built on the
-        device once per limit: the limit changes only when steps are read."""
+    def _mask(self, values: Tensor) -> Tensor:
+        """``[0, 1, ..., 1]``: multiplied in, it drops the loss from the norm unless the loss is not finite (then
+        nan). Built once per measurement's length."""
+        if self._mask_now.shape != values.shape:
+            self._mask_now = torch.ones_like(values)
+            self._mask_now[0] = 0.0
+        return self._mask_now
+
+    def _bound(self, outlier_limit: float) -> Tensor:
+        """The whole norm must be at most this to pass: a non-finite one is above any float32, and one above the
+        limit is an outlier (compared in float32, as a tensor compares with a number). Built on the device once per
+        outlier limit: the limit changes only when steps are read."""
         if self._limit != outlier_limit:
-            bounds = [FLOAT32_MAX, min(outlier_limit, FLOAT32_MAX)]
-            self._limit, self._bounds_now = outlier_limit, torch.tensor(bounds, device=self.device)
-        return self._bounds_now
+            bound = min(outlier_limit, FLOAT32_MAX)
+            self._limit, self._bound_now = outlier_limit, torch.tensor(bound, device=self.device)
+        return self._bound_now
 
     def step_done(self, optimizer: Optimizer) -> None:
         """Take back the ``found_inf`` a quiet step handed the optimizer. A gradient scaler hands its own and takes

@@ -45,7 +45,8 @@ class PredictionPolicy:
             self.lr_peak = list(lrs)
 
     def track_peak(self, lrs: list[float]) -> None:
-        self.lr_peak = [max(peak, lr) for peak, lr in zip(self.lr_peak, lrs)]
+        if self.gated:  # only the gate reads the peaks
+            self.lr_peak = [max(peak, lr) for peak, lr in zip(self.lr_peak, lrs)]
 
     def decline(self, global_step: int) -> None:
         """A Full cycle ended without a segment. Once backed off (and until a segment is accepted), the first
