@@ -71,10 +71,6 @@ def _host_reading(reading: tuple[Tensor, Tensor] | list[float] | None) -> list[f
     return reading
 
 
-def _device(reading: tuple[Tensor, Tensor] | list[float] | None) -> tuple:
-    return reading if isinstance(reading, tuple) else ()
-
-
 def _read(values: Tensor | list | None, flat: Iterator[float]) -> list | None:
     """``values``, a tensor whose numbers come next in ``flat``, as (nested) lists; anything else unchanged."""
     if not isinstance(values, Tensor):
@@ -86,12 +82,17 @@ def _read(values: Tensor | list | None, flat: Iterator[float]) -> list | None:
 def read_all(pending: list[Deferred], counters: RunCounters) -> None:
     """Bring every pending step's device values to the host in one transfer, and set each step's loss, gradient
     norm and whether its update was skipped (counted as the guard counts an ordinary step's)."""
-    on_device = [t for d in pending for t in (*_device(d.step.reading), d.tracked) if isinstance(t, Tensor)]
-    if on_device:
-        flat = iter(torch.cat([t.reshape(-1) for t in on_device]).tolist())  # each step's reading, then tracked
-        for d in pending:
-            if isinstance(d.step.reading, tuple):
-                d.step.reading = host_reading(list(islice(flat, d.step.reading[0].numel())), next(flat))
+    on_device = [d for d in pending if isinstance(d.step.reading, tuple)]
+    tracked = [d for d in pending if isinstance(d.tracked, Tensor)]
+    if on_device or tracked:  # the readings' values, their skips, then what was tracked: no operation per step
+        parts = [d.step.reading[0] for d in on_device]
+        parts += [torch.stack([d.step.reading[1] for d in on_device])] if on_device else []
+        parts += [d.tracked.reshape(-1) if d.tracked.dim() != 1 else d.tracked for d in tracked]
+        flat = iter(torch.cat(parts).tolist())
+        values = [list(islice(flat, d.step.reading[0].numel())) for d in on_device]
+        for d, measured, skipped in zip(on_device, values, list(islice(flat, len(on_device)))):
+            d.step.reading = host_reading(measured, skipped)
+        for d in tracked:
             d.tracked = _read(d.tracked, flat)
     for entry in pending:
         step = entry.step

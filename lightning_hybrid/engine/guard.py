@@ -55,6 +55,8 @@ class StepGuard:
         self.device = collectives.root_device  # asked once: a strategy's property builds it on every call
         self.sharded = collectives.sharded
         self._limit, self._bound_now, self._mask_now = math.nan, torch.empty(0), torch.empty(0)
+        # a Python number in `torch.where` is a new tensor (an operation) at every call: these are made once
+        self._zero, self._one, self._nan = (torch.tensor(v, device=self.device) for v in (0.0, 1.0, math.nan))
 
     def check(
         self,
@@ -133,9 +135,9 @@ class StepGuard:
         values = self._measure(grads, loss_sum)
         norm = torch.linalg.vector_norm(values * self._mask(values))  # the whole norm, nan if the loss is not finite
         ok = norm <= self._bound(outlier_limit)  # finite, and within the limit
-        skipped = torch.where(ok, 0.0, 1.0)
+        skipped = torch.where(ok, self._zero, self._one)
         if self.scaler is not None:
-            torch._foreach_mul_(grads, torch.where(ok, 1.0, math.nan))  # the scaler skips non-finite gradients
+            torch._foreach_mul_(grads, torch.where(ok, self._one, self._nan))  # the scaler skips non-finite gradients
         else:
             optimizer.found_inf, optimizer.grad_scale = skipped, None  # read by the fused step, as under AMP
         return values, skipped
