@@ -140,7 +140,10 @@ class OwnTime:
     step methods, Lightning's closure), and the moments in the plugin's are summed. Unlike a difference of two runs
     it does not move with the machine's load; it leaves out Lightning's dispatch of the plugin's hooks (a few µs)."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, plugin: dict[type, tuple[str, ...]] | None = None, lightning: dict[type, tuple[str, ...]] | None = None
+    ) -> None:
+        self.bracketed = {True: plugin or BRACKETED_PLUGIN, False: lightning or BRACKETED_LIGHTNING}
         self.inside: list[bool] = []  # the bracketed functions running, innermost last: the plugin's (True)?
         self.mark = 0
         self.plugin_ns = 0
@@ -168,12 +171,10 @@ class OwnTime:
         setattr(owner, name, bracketed)
 
     def __enter__(self) -> OwnTime:
-        for owner, names in BRACKETED_PLUGIN.items():
-            for name in names:
-                self._bracket(owner, name, plugin=True)
-        for owner, names in BRACKETED_LIGHTNING.items():
-            for name in names:
-                self._bracket(owner, name, plugin=False)
+        for plugin, functions in self.bracketed.items():
+            for owner, names in functions.items():
+                for name in names:
+                    self._bracket(owner, name, plugin)
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -1,6 +1,7 @@
 """The benchmark harness: its arithmetic, and its quick mode end to end so it cannot rot."""
 
 import json
+import time
 from itertools import pairwise
 from pathlib import Path
 
@@ -227,6 +228,26 @@ def test_the_gpu_step_clock_synchronises_twice_a_run_not_every_step(monkeypatch)
     assert clock.steady_step() == 0.5 / 10  # two readings, 0.5 s apart, around the 10 steps after settling
 
 
+def test_own_time_counts_the_plugins_functions_and_not_lightnings_inside_them():
+    """A plugin function that calls back into Lightning: only its own part is the plugin's time."""
+    from benchmarks.host_work import OwnTime
+
+    class Lightning:
+        def step(self) -> None:
+            time.sleep(0.03)
+
+    class Plugin:
+        def hook(self, lightning: Lightning) -> None:
+            time.sleep(0.01)
+            lightning.step()
+
+    original = Plugin.hook
+    with OwnTime(plugin={Plugin: ("hook",)}, lightning={Lightning: ("step",)}) as own:
+        Plugin().hook(Lightning())
+        Lightning().step()  # outside the plugin: not counted
+    assert 0.01 <= own.plugin_ns / 1e9 < 0.025 and Plugin.hook is original  # restored
+
+
 @pytest.mark.slow
 def test_the_host_work_benchmark_reports_every_mode_against_plain_and_a_profile(tmp_path):
     from benchmarks import host_work
@@ -238,4 +259,5 @@ def test_the_host_work_benchmark_reports_every_mode_against_plain_and_a_profile(
     assert result["profile"] and all(row["calls"] > 0 for row in result["profile"])
     assert set(result["counts"]) == set(host_work.MODES)
     assert all(c["python_calls"] > 0 and c["tensor_ops"] > 0 for c in result["counts"].values())  # the plugin's own
+    assert all(0 < c["own_us"]["median"] < result["plain_step_us"]["median"] for c in result["counts"].values())
     assert "| default_jumping |" in (tmp_path / "README.md").read_text()

@@ -77,6 +77,24 @@ def test_quiet_steps_are_read_at_once_in_order():
     assert counters.nonfinite_steps_skipped == 1 and counters.outlier_steps_skipped == 1
 
 
+def test_quiet_steps_guarded_on_the_device_are_read_in_one_transfer_in_order():
+    """The guard's device readings, ``([loss, each gradient's norm...], skipped)``, and what was tracked come back
+    to each step: the whole norm taken on the host, a skip with finite values counted as an outlier."""
+    pending = [
+        _quiet((torch.tensor([1.5, 3.0, 4.0]), torch.tensor(0.0)), torch.tensor([[1.0, 2.0]])),
+        _quiet((torch.tensor([1.0, 30.0, 40.0]), torch.tensor(1.0))),
+        _quiet((torch.tensor([math.inf, 3.0, 4.0]), torch.tensor(1.0)), torch.tensor([5.0])),
+    ]
+    counters = RunCounters()
+    read_all(pending, counters)
+    assert [(d.step.loss, d.step.grad_norm, d.step.skipped) for d in pending[:2]] == [
+        (1.5, 5.0, False),
+        (1.0, 50.0, True),
+    ]
+    assert pending[2].step.skipped and [d.tracked for d in pending] == [[[1.0, 2.0]], None, [5.0]]
+    assert counters.outlier_steps_skipped == 1 and counters.nonfinite_steps_skipped == 1
+
+
 def test_a_quiet_step_round_trips_through_a_checkpoint():
     entry = _quiet(torch.tensor([1.5, 2.0, 0.0, 0.0]), torch.tensor([[1.0, 2.0]]))
     again = Deferred.from_dict(entry.to_dict())
