@@ -109,3 +109,15 @@ def test_a_quiet_step_is_guarded_on_the_device_by_a_fused_optimizer(bad):
 def test_an_unfused_optimizer_cannot_be_guarded_on_the_device():
     _, optimizer, _ = _model_with_grads()
     assert not StepGuard(LocalCollectives()).skips_on_device(optimizer)
+
+
+def test_with_several_ranks_the_measurement_holds_one_whole_norm_whatever_gradients_a_rank_has():
+    """Ranks reduce a vector of one length: the loss and the whole norm, also on a rank without gradients (which
+    still takes part in the sum over ranks)."""
+    model, _, loss = _model_with_grads()
+    guard = StepGuard(LocalCollectives(), world_size=2)
+    values = guard._measure([p.grad for p in model.parameters()], loss)
+    assert values.shape == (2,) and values[1].item() == pytest.approx(_grad_norm(model), rel=1e-6)
+    assert guard._measure([], loss).tolist() == [loss.item(), 0.0]
+    single = StepGuard(LocalCollectives())._measure([p.grad for p in model.parameters()], loss)
+    assert single.shape == (3,)  # one norm per gradient: the whole norm is taken where it is needed

@@ -94,7 +94,7 @@ class HybridEngine:
         rollback restores) and set the family up on them. ``last_step``: the global step at which training will
         end, where known, so that no prediction is made that the run cannot verify."""
         self.collectives = collectives
-        self.step_guard = StepGuard(collectives, scaler)
+        self.step_guard = StepGuard(collectives, scaler, world_size)
         self.skips_on_device = self.step_guard.skips_on_device(optimizer)
         self.automatic = automatic
         self.global_step, self.world_size, self.last_step = global_step, world_size, last_step

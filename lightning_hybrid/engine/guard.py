@@ -47,13 +47,16 @@ class StepGuard:
     Args:
         collectives: the strategy's shard and reduction operations.
         scaler: the precision plugin's gradient scaler, if any: its skips are used instead of dropping gradients.
+        world_size: the number of ranks.
     """
 
-    def __init__(self, collectives: Collectives, scaler: Any = None) -> None:
+    def __init__(self, collectives: Collectives, scaler: Any = None, world_size: int = 1) -> None:
         self.collectives = collectives
         self.scaler = scaler
         self.device = collectives.root_device  # asked once: a strategy's property builds it on every call
         self.sharded = collectives.sharded
+        # several ranks reduce one whole norm, not one per gradient: a length that no rank's gradients can change
+        self.whole_norm = collectives.sharded or world_size > 1
         self._limit, self._bound_now, self._mask_now = math.nan, torch.empty(0), torch.empty(0)
         # a Python number in `torch.where` is a new tensor (an operation) at every call: these are made once
         self._zero, self._one, self._nan = (torch.tensor(v, device=self.device) for v in (0.0, 1.0, math.nan))
@@ -98,14 +101,16 @@ class StepGuard:
         """``[loss, the gradients' norms...]`` on the device in float32, agreed over ranks (a mean over ranks is
         non-finite if any rank's is, and every rank takes the same decision): one fused norm and one stack, as few
         kernels as every step can afford. The whole norm is taken on the host (:func:`loss_and_norm`) or, for a
-        quiet step's decision, on the device. A rank holding shards has parts of each gradient: their squared norms
-        add up over ranks to the whole norm, one entry. Unscaled by a gradient scaler's scale, on the device."""
+        quiet step's decision, on the device. With several ranks it holds one whole norm: a rank holding shards has
+        parts of each gradient, whose squared norms add up over ranks. Unscaled by a gradient scaler's scale, on the
+        device."""
         loss = loss_sum if loss_sum is not None else torch.full((), math.nan, device=self.device)
         norms = torch._foreach_norm(grads, 2, dtype=torch.float32) if grads else []
         if self.scaler is not None and grads:  # get_scale() would read the scale to the host
             norms = torch._foreach_div(norms, self.scaler._get_scale_async().view(()))
-        if self.sharded and grads:
-            norms = [self.collectives.sum_across_ranks(torch.stack(norms).square().sum()).sqrt()]
+        if self.whole_norm:  # every rank takes part in the sum, with gradients or without
+            squares = torch.stack(norms).square().sum() if grads else torch.zeros((), device=self.device)
+            norms = [self.collectives.sum_across_ranks(squares).sqrt()]
         return self.collectives.reduce(torch.stack([loss, *norms]), reduce_op="mean")
 
     def read(self, owners: list[Tensor], loss_sum: Tensor | None) -> Reading | None:
