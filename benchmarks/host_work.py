@@ -20,8 +20,8 @@ and the per-step mode backed off and tracking every update.
 Times on a shared machine spread widely, so three figures that hardly vary stand beside them: the plugin's own time
 per step (:class:`OwnTime`, over whole runs: median and range of three) and, per step above plain over a whole run
 of each mode, the Python function calls (a profile's) and the tensor operations (torch's dispatcher's; on a GPU each
-is a kernel launch or a host-side op). A profile of one run of the default, its top
-entries by the plugin's own time, closes the report.
+is a kernel launch or a host-side op). A profile of one run of the default, its top entries by the plugin's own
+time, closes the report.
 Not a timed test: the suite runs it at a few steps only so that it cannot rot.
 """
 
@@ -128,9 +128,12 @@ def measure(steps: int, rounds: int) -> dict[str, Any]:
             quiet, after = _positions(steps, config)
             above[mode]["quiet"].append(statistics.median([times[i] for i in quiet]) - plain_us[-1])
             above[mode]["cycle"].append(statistics.fmean([times[i] - plain[i] for i in after]))
-    spread = lambda v: {"median": statistics.median(v), "min": min(v), "max": max(v), "rounds": v}  # noqa: E731
-    return {"plain_step_us": spread(plain_us), "above_plain_us": {m: {k: spread(v) for k, v in a.items()}
-                                                                  for m, a in above.items()}}  # fmt: skip
+    return {"plain_step_us": _spread(plain_us), "above_plain_us": {m: {k: _spread(v) for k, v in a.items()}
+                                                                   for m, a in above.items()}}  # fmt: skip
+
+
+def _spread(values: list[float], each: str = "rounds") -> dict[str, Any]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), each: values}
 
 
 class OwnTime:
@@ -225,7 +228,7 @@ def counts(steps: int, repeats: int = 3) -> dict[str, dict[str, Any]]:
         out[mode] = {
             "python_calls": (hybrid[0] - plain[0]) / steps,
             "tensor_ops": (hybrid[1] - plain[1]) / steps,
-            "own_us": {"median": statistics.median(own), "min": min(own), "max": max(own), "runs": own},
+            "own_us": _spread(own, "runs"),
         }
     return out
 

@@ -173,11 +173,8 @@ class StepGuard:
 
     def mean_over_ranks(self, values: list[Tensor]) -> list[float]:
         """Average scalars over ranks (identity on one device), so every rank takes the same decision."""
-        return self._mean_on_device(values).tolist()
-
-    def _mean_on_device(self, values: list[Tensor]) -> Tensor:
         stacked = torch.stack([v.to(device=self.device, dtype=torch.float32) for v in values])
-        return self.collectives.reduce(stacked, reduce_op="mean")
+        return self.collectives.reduce(stacked, reduce_op="mean").tolist()
 
     def skip(self, optimizer: Optimizer, grads: list[Tensor]) -> None:
         """Make the coming ``optimizer.step`` a no-op."""

@@ -32,7 +32,8 @@ class StepRecord:
     error: float = math.nan
     grad_norm: float = math.nan
     quiet: bool = False  # guarded on the device, read later (see :class:`Deferred`)
-    # a quiet step's reading: on the device, ([loss, grad_norm], skipped); read, [loss, grad_norm, nonfinite, outlier]
+    # a quiet step's reading: on the device, the guard's measurement and skip; read, [loss, grad_norm, nonfinite,
+    # outlier]
     reading: tuple[Tensor, Tensor] | list[float] | None = None
 
 
