@@ -17,8 +17,9 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from lightning_hybrid.callbacks import SETTING_OWNERS, hybrid_callbacks, settings_of
-from lightning_hybrid.predictors import PREDICTORS, init_chain
+from lightning_hybrid.callbacks import SETTING_OWNERS, hybrid_callbacks
+from lightning_hybrid.predictors import PREDICTORS
+from lightning_hybrid.settings import init_chain, settings_of
 
 _SIMPLE = (int, float, bool, str)
 

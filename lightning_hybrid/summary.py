@@ -57,39 +57,34 @@ class RunCounters:
             if hasattr(self, key):
                 setattr(self, key, value)
 
-    def summary(self) -> dict[str, Any]:
-        out = {"steps_total": self.steps_total, "backward_skipped_pct": round(self.backward_skipped_pct, 3)}
-        out.update(self.to_dict())
-        out["time_by_phase_s"] = {k: round(v, 4) for k, v in self.time_by_phase_s.items()}
-        return out
+    def summary(self, phases: tuple[Phase, ...]) -> dict[str, Any]:
+        """What every mode reports, over the ``phases`` its steps can be in."""
+        labels = [phase.label for phase in phases]
+        return {
+            "steps_total": self.steps_total,
+            "steps_by_phase": {label: self.steps_by_phase[label] for label in labels},
+            "time_by_phase_s": {label: round(self.time_by_phase_s[label], 4) for label in labels},
+            "backward_passes": self.backward_passes,
+            "nonfinite_steps_skipped": self.nonfinite_steps_skipped,
+            "outlier_steps_skipped": self.outlier_steps_skipped,
+        }
 
 
-def _restarts(summary: dict[str, Any]) -> str:
-    said = []
-    if summary["jump_restarts"]:
-        said.append(f"{summary['jump_restarts']} cycles restarted the momentum instead")
-    if summary.get("jumps_blind"):
-        said.append(f"{summary['jumps_blind']} cycles too noisy to judge one")
-    return f" ({'; '.join(said)})" if said else ""
+def counted(count: int, noun: str) -> str:
+    """``1 jump``, ``2 jumps``."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
-def format_summary(summary: dict[str, Any]) -> str:
-    """A few human-readable lines for the end of ``fit``."""
-    steps = summary["steps_by_phase"]
-    times = summary["time_by_phase_s"]
+def format_summary(summary: dict[str, Any], mode_lines: list[str]) -> str:
+    """A few lines for the end of ``fit``: the steps, what the mode did (``mode_lines``), the guard, the clock."""
+    phases = ", ".join(f"{k} {v}" for k, v in summary["steps_by_phase"].items())
     lines = [
-        f"hybrid: {summary['steps_total']} steps "
-        + ", ".join(f"{k} {v}" for k, v in steps.items())
-        + f" | backward skipped {summary['backward_skipped_pct']:.1f}%",
-        f"hybrid: {summary['rollbacks']} rollbacks of {summary['segments_started']} predict segments and "
-        f"{summary['jumps_made']} jumps{_restarts(summary)}"
-        f" | {summary['nonfinite_steps_skipped']} non-finite and {summary['outlier_steps_skipped']} exploding-gradient"
-        f" steps skipped | {summary['backed_off_steps']} steps backed off",
-        f"hybrid: wall {summary['wall_time_s']:.1f}s | " + ", ".join(f"{k} {v:.1f}s" for k, v in times.items()),
+        f"hybrid ({summary['mode']}, {summary['predictor']}): {counted(summary['steps_total'], 'step')} ({phases})"
     ]
-    if summary.get("jumps_stopped_at") is not None:
-        lines.append(
-            f"hybrid: jumps stopped at step {summary['jumps_stopped_at']}: training walked them back "
-            f"(mean alignment {summary['jump_alignment']:+.3f})"
-        )
+    lines += mode_lines
+    nonfinite, outliers = summary["nonfinite_steps_skipped"], summary["outlier_steps_skipped"]
+    if nonfinite or outliers:
+        lines.append(f"hybrid: skipped {nonfinite} non-finite and {outliers} exploding-gradient steps")
+    times = ", ".join(f"{k} {v:.1f}s" for k, v in summary["time_by_phase_s"].items())
+    lines.append(f"hybrid: wall {summary['wall_time_s']:.1f}s | {times}")
     return "\n".join(lines)

@@ -97,7 +97,7 @@ def outcome(params: torch.Tensor, summary: dict[str, Any], logger: Any = None, p
     behaviour: dict[str, Any] = {"summary": json.loads(json.dumps(kept)), "params_norm": float(params.norm())}
     if logger is not None:
         phase_list = [int(p) for p in phases(logger).values()]
-        rollbacks = logger.series("hybrid/rollbacks")
+        rollbacks = logger.series("hybrid/rollbacks") or logger.series("hybrid/jumps_undone")  # per-step or jumps
         behaviour["rollback_steps"] = [s for s, v in rollbacks.items() if v > rollbacks.get(s - 1, 0.0)]
         behaviour["losses"] = list(logger.series("hybrid/loss").values())
         behaviour["val_losses"] = list(logger.series("val_loss").values())

@@ -36,6 +36,7 @@ from lightning_hybrid.algorithms import DivergenceCheck, ResidualCorrection
 from lightning_hybrid.encoder import StateEncoder
 from lightning_hybrid.engine import Components, HybridEngine, LocalCollectives
 from lightning_hybrid.predictors import LinearPredictor, OuterMomentum, Plan
+from lightning_hybrid.summary import format_summary
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout
 
@@ -270,6 +271,12 @@ def bare_engine(config: HybridConfig, predictor: Any, optimizer: torch.optim.Opt
     optimizer.register_step_pre_hook(lambda *_: engine.before_optimizer_step())
     optimizer.register_step_post_hook(lambda *_: engine.after_optimizer_step())
     return engine
+
+
+def report_of(engine: HybridEngine) -> str:
+    """A bare engine's end-of-fit text, as the scheduler prints it."""
+    summary = engine.summary()
+    return format_summary(summary, engine.family.report(summary))
 
 
 def bare_step(engine: HybridEngine, optimizer: torch.optim.Optimizer, loss_fn: Any, step: int) -> torch.Tensor:

@@ -207,5 +207,5 @@ def test_hybrid_callbacks_default_set_is_complete():
     kinds = {type(cb) for cb in hybrid_callbacks(predictor="linear")}
     assert kinds == {HybridScheduler, DynamicsPredictor, ResidualCorrector, DivergenceMonitor, HorizonBandit}
     assert HorizonBandit not in {type(cb) for cb in hybrid_callbacks(predictor="linear", bandit=False)}
-    kinds = {type(cb) for cb in hybrid_callbacks()}  # the default rule chooses no horizons: no bandit
-    assert kinds == {HybridScheduler, DynamicsPredictor, ResidualCorrector, DivergenceMonitor}
+    kinds = {type(cb) for cb in hybrid_callbacks()}  # the default rule corrects no plans and chooses no horizons
+    assert kinds == {HybridScheduler, DynamicsPredictor, DivergenceMonitor}

@@ -21,6 +21,7 @@ LAYERS = [
         "core",
         (
             "validation",
+            "settings",
             "phase",
             "stats",
             "config",

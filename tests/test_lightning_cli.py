@@ -4,6 +4,7 @@ import re
 from pathlib import Path
 
 import pytest
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lightning_hybrid import HorizonBandit, HybridPredictStrategy
 from lightning_hybrid.predictors import OuterMomentum
@@ -56,15 +57,28 @@ def test_the_readme_yaml_trains_an_unchanged_module_with_the_default_rule(tmp_pa
 
 def test_the_readme_yaml_with_short_cycles_steps_aside_on_noise_and_jumps_where_told_to_judge_anyway(tmp_path):
     """This regression's batch losses spread too widely for the verdict (the default steps aside, as on digits);
-    with the rule's limit off, the same YAML jumps."""
+    with the rule's limit off, under the scheduler's own ``init_args``, the same YAML jumps."""
     yaml = readme_yaml().replace("warmup_steps: 100", "warmup_steps: 5").replace("full_steps: 20", "full_steps: 10")
     trainer = _fit(tmp_path / "aside", yaml, 40).trainer
     summary = scheduler_of(trainer).summary(trainer)
-    assert summary["jumps_blind"] >= 1 and summary["jumps_made"] == 0 and summary["backward_passes"] == 40
-    rule = "    - class_path: lightning_hybrid.DynamicsPredictor\n      init_args:\n        predictor_kwargs:\n"
-    trainer = _fit(tmp_path / "judged", yaml + rule + "          verify_resolution: 0\n", 40).trainer
+    assert summary["blind_cycles"] >= 1 and summary["jumps_made"] == 0 and summary["backward_passes"] == 40
+    trainer = _fit(tmp_path / "judged", yaml + "        verify_resolution: 0\n", 40).trainer
     summary = scheduler_of(trainer).summary(trainer)
-    assert summary["jumps_made"] >= 1 and summary["jumps_blind"] == 0 and summary["backward_passes"] == 40
+    assert summary["jumps_made"] >= 1 and summary["blind_cycles"] == 0 and summary["backward_passes"] == 40
+    assert summary["settings"]["verify_resolution"] == 0
+
+
+def test_the_rules_settings_under_the_schedulers_init_args_are_the_ones_it_trains_with(tmp_path):
+    trainer = _fit(tmp_path, readme_yaml().replace("outer_lr: 0.7", "outer_lr: 0.5"), 12).trainer
+    scheduler = scheduler_of(trainer)
+    assert scheduler.predictor.predictor.outer_lr == 0.5 and scheduler.summary()["settings"]["outer_lr"] == 0.5
+
+
+def test_the_rules_settings_in_two_places_are_refused_by_name(tmp_path):
+    host = "    - class_path: lightning_hybrid.DynamicsPredictor\n      init_args:\n"
+    host += "        predictor_kwargs: {outer_lr: 0.5}\n"
+    with pytest.raises(MisconfigurationException, match=r"given the default rule's settings \['outer_lr'\]"):
+        _fit(tmp_path, readme_yaml() + host, 12)
 
 
 def test_a_misspelt_scheduler_setting_in_the_yaml_is_refused(tmp_path):

@@ -47,7 +47,8 @@ def test_the_record_round_trips_and_its_clock_goes_on_from_the_checkpoint():
     assert again.wall_time() == state["wall_time_s"] >= 0.01  # stopped until training starts again
     again.start_clock()
     assert again.wall_time() >= state["wall_time_s"]
-    assert again.summary()["mean_prediction_error"] == 0.5
+    assert again.mean_error() == 0.5
+    assert again.summary((Phase.WARMUP, Phase.FULL))["steps_by_phase"] == {"warmup": 0, "full": 0}
 
 
 def test_old_counter_keys_load_and_unknown_ones_are_ignored():

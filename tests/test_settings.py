@@ -1,8 +1,17 @@
 """Bad settings fail at construction with the field, the value and what is allowed."""
 
+import warnings
+
 import pytest
 
-from lightning_hybrid import DivergenceMonitor, DynamicsPredictor, HybridConfig, ResidualCorrector, hybrid_callbacks
+from lightning_hybrid import (
+    DivergenceMonitor,
+    DynamicsPredictor,
+    HybridConfig,
+    HybridScheduler,
+    ResidualCorrector,
+    hybrid_callbacks,
+)
 from lightning_hybrid.predictors import LinearPredictor, OuterMomentum
 
 
@@ -42,8 +51,51 @@ def test_unknown_predictor_name():
 
 
 def test_unknown_setting_is_named():
-    with pytest.raises(TypeError, match="unknown setting 'warmup'"):
+    with pytest.raises(TypeError, match="unknown setting `warmup`; did you mean `warmup_steps`"):
         hybrid_callbacks(warmup=3)
+
+
+@pytest.mark.parametrize("build", [hybrid_callbacks, HybridScheduler], ids=["hybrid_callbacks", "HybridScheduler"])
+@pytest.mark.parametrize("typo", ["full_step", "ful_steps", "fullsteps"])
+def test_a_misspelt_setting_names_the_closest_first(build, typo):
+    with pytest.raises(TypeError) as err:
+        build(**{typo: 10})
+    assert f"unknown setting `{typo}`; did you mean `full_steps`" in str(err.value)
+    assert len(str(err.value)) < 200  # the closest names, not every setting
+
+
+def test_a_setting_far_from_any_points_to_the_reference():
+    with pytest.raises(TypeError, match=r"unknown setting `zzz`; every setting is listed in docs/settings\.md"):
+        hybrid_callbacks(zzz=1)
+
+
+def test_a_setting_given_to_the_wrong_place_names_its_place():
+    with pytest.raises(TypeError, match="`outer_lr` is a setting of predictor='outer', not of predictor='linear'"):
+        hybrid_callbacks(predictor="linear", outer_lr=0.5)
+    with pytest.raises(TypeError, match=r"`z_threshold` is a setting of DivergenceMonitor; set it there"):
+        HybridScheduler(z_threshold=3.0)
+    with pytest.raises(TypeError, match="`decay` is a setting of predictor='linear', not of predictor='outer'"):
+        HybridScheduler(decay=0.5)
+
+
+def test_the_scheduler_takes_the_default_rules_settings_and_checks_them_when_built():
+    scheduler = HybridScheduler(warmup_steps=3, outer_lr=0.5, keep_norms=False)
+    assert scheduler.config.warmup_steps == 3 and scheduler.rule_settings == {"outer_lr": 0.5, "keep_norms": False}
+    with pytest.raises(ValueError, match=r"OuterMomentum: `outer_lr` must be a finite number in \(0.0, 2.0\], got 5"):
+        HybridScheduler(outer_lr=5)
+
+
+def test_per_step_settings_under_the_default_rule_warn_naming_their_mode():
+    with pytest.warns(
+        UserWarning,
+        match=r"`max_predict_steps`, `confidence_threshold`, `max_correction_factor` belong to "
+        r"the per-step mode \(predictor='linear', 'mlp' or 'rssm'\); predictor='outer' runs the jumps mode",
+    ):
+        hybrid_callbacks(max_predict_steps=5, confidence_threshold=0.9, max_correction_factor=3.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hybrid_callbacks(predictor="linear", max_predict_steps=5, confidence_threshold=0.9)  # read: no warning
+        hybrid_callbacks(z_threshold=3.0, full_steps=10)  # the default reads both
 
 
 def test_a_setting_two_components_share_is_refused(monkeypatch):
@@ -58,7 +110,7 @@ def test_a_setting_two_components_share_is_refused(monkeypatch):
 
     monkeypatch.setitem(predictors.PREDICTORS, "clashing", Clashing)
     monkeypatch.setattr(callbacks_module, "PREDICTORS", predictors.PREDICTORS)
-    with pytest.raises(TypeError, match="'z_threshold' is ambiguous"):
+    with pytest.raises(TypeError, match="`z_threshold` is ambiguous"):
         hybrid_callbacks(predictor="clashing", z_threshold=2.0)
 
 

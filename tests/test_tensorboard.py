@@ -1,4 +1,5 @@
-"""TensorBoard: the phase curves, their custom-scalars layout and the progress bar, read back from a real run."""
+"""TensorBoard: each mode's scalars and custom-scalars layout, and the progress bar, read back from real runs: the
+default rule's "Outer jumps" and the per-step mode's "Phase curves"."""
 
 import re
 
@@ -9,10 +10,34 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.plugins.custom_scalar import layout_pb2
 
 from lightning_hybrid import HybridPredictStrategy, HybridProgressBar, Phase, hybrid_callbacks
-from lightning_hybrid.tensorboard import PHASE_CURVES
-from tests.helpers import FAST, MemoryLogger, RegressionModel, hybrid_trainer, loader, phases, scheduler_of
+from lightning_hybrid.tensorboard import LAYOUTS
+from tests.helpers import FAST, RULE_PHASES, MemoryLogger, RegressionModel, hybrid_trainer, loader, phases, scheduler_of
 
 STEPS = 30
+PHASE_CURVES = LAYOUTS["per-step"]
+# the default rule on short cycles, with jumps large enough that the verdict undoes some and keeps others
+JUMPS = {**RULE_PHASES, "predictor": "outer", "verify_window": 3, "verify_resolution": 0.5, "outer_lr": 1.6}
+JUMP_STEPS = 90
+PER_STEP_TERMS = (
+    "backward skipped",
+    "segment",
+    "predict",
+    "correct",
+    "backed off",
+    "confidence",
+    "horizon",
+    "rollback",
+)
+
+
+class _RecordingBar(HybridProgressBar):
+    def __init__(self) -> None:
+        super().__init__()
+        self.shown: dict[int, dict] = {}
+
+    def on_train_batch_end(self, trainer, pl_module, *args) -> None:
+        super().on_train_batch_end(trainer, pl_module, *args)
+        self.shown[trainer.global_step] = self.get_metrics(trainer, pl_module)
 
 
 @pytest.fixture(scope="module")
@@ -24,9 +49,112 @@ def events(tmp_path_factory):
     return acc
 
 
+@pytest.fixture(scope="module")
+def jumps(tmp_path_factory):
+    bar = _RecordingBar()
+    trainer = L.Trainer(
+        max_steps=JUMP_STEPS,
+        strategy=HybridPredictStrategy(),
+        accelerator="cpu",
+        callbacks=[*hybrid_callbacks(**JUMPS), bar],
+        logger=TensorBoardLogger(tmp_path_factory.mktemp("tb")),
+        log_every_n_steps=1,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(RegressionModel(), loader())
+    acc = EventAccumulator(trainer.log_dir)
+    acc.Reload()
+    return acc, scheduler_of(trainer), bar
+
+
+def _matches(pattern: str, tags: set[str]) -> set[str]:
+    return {t for t in tags if re.search(pattern, t)}
+
+
 def _layout(acc: EventAccumulator) -> layout_pb2.Layout:
     (event,) = acc.Tensors("custom_scalars__config__")  # written once per run
     return layout_pb2.Layout.FromString(event.tensor_proto.string_val[0])
+
+
+def test_the_default_rule_writes_its_own_layout_and_every_chart_has_data(jumps):
+    events, scheduler, _ = jumps
+    layout = _layout(events)
+    assert [c.title for c in layout.category] == ["Outer jumps"]
+    charts = {chart.title: chart for chart in layout.category[0].chart}
+    assert set(charts) == set(LAYOUTS["jumps"]["Outer jumps"])
+    tags = set(events.Tags()["scalars"])
+    for title, chart in charts.items():  # every chart draws at least one curve, each pattern names one tag
+        patterns = list(chart.multiline.tag)
+        assert any(_matches(p, tags) for p in patterns), title
+        assert all(len(_matches(p, tags)) <= 1 for p in patterns), title
+    assert scheduler.counters.jumps_kept and scheduler.counters.jumps_rejected, "both verdicts must occur"
+
+
+def test_the_default_rule_writes_no_per_step_scalar(jumps):
+    tags = set(jumps[0].Tags()["scalars"])
+    per_step = {t for _, series in PHASE_CURVES["Phase curves"].values() for p in series for t in _matches(p, tags)}
+    assert per_step <= {"hybrid/loss", "hybrid/phase"}
+    assert not {"hybrid/uncertainty", "hybrid/correction_magnitude", "hybrid/prediction_error"} & tags
+
+
+def test_the_jump_counts_last_values_are_the_summarys(jumps):
+    events, scheduler, _ = jumps
+    summary = scheduler.summary()
+    for name in ("jumps_made", "jumps_kept", "jumps_undone", "momentum_restarts", "blind_cycles"):
+        assert events.Scalars(f"hybrid/{name}")[-1].value == summary[name], name
+    assert summary["jumps_made"] == summary["jumps_kept"] + summary["jumps_undone"]
+
+
+def test_the_verdict_and_jump_scalars_are_what_the_rule_decided(jumps):
+    """Each verdict's two windows and margin: a jump undone by the verdict had its window after above the window
+    before by more than the margin, a kept one did not; the relative size of a jump is positive; the cycle's margin
+    stands against the limit the rule was given."""
+    events = jumps[0]
+    value = lambda tag: {e.step: e.value for e in events.Scalars(f"hybrid/{tag}")}  # noqa: E731
+    before, after, margin, undone = (
+        value(t) for t in ("verdict_before", "verdict_after", "verdict_margin", "jumps_undone")
+    )
+    verdicts = [s for s in sorted(before) if (before[s], after[s]) != (before.get(s - 1), after.get(s - 1))]
+    kept = [s for s in verdicts if undone[s] == undone[s - 1]]
+    rejected = [s for s in verdicts if undone[s] > undone[s - 1]]
+    assert kept and rejected
+    assert all(after[s] > before[s] + margin[s] for s in rejected)
+    assert all(after[s] <= before[s] + margin[s] for s in kept)
+    assert all(v > 0 for v in value("jump_size").values())
+    assert set(value("verify_resolution").values()) == {0.5}
+
+
+def test_the_progress_bar_shows_jumps_kept_of_made_and_the_text_speaks_the_default_rule(jumps):
+    _, scheduler, bar = jumps
+    c = scheduler.counters
+    shown = bar.shown[JUMP_STEPS]
+    assert shown["jumps kept"] == f"{c.jumps_kept}/{c.jumps_made}" and shown["undone"] == str(c.jumps_rejected)
+    assert "skipped" not in shown and shown["phase"] in ("warmup", "full")
+    text = scheduler.report().lower()
+    assert f"{c.jumps_made} jumps made, {c.jumps_kept} kept, {c.jumps_rejected} undone" in text
+    assert not [term for term in PER_STEP_TERMS if term in text]
+    summary = scheduler.summary()
+    per_step = (
+        "skipped_pct",
+        "backward_skipped",
+        "segment",
+        "predict",
+        "correct",
+        "backed_off",
+        "confidence",
+        "rollback",
+    )
+    assert summary["mode"] == "jumps" and not [k for k in summary if any(t in k for t in per_step) and k != "predictor"]
+    assert set(summary["steps_by_phase"]) == {"warmup", "full"}
+    settings = summary["settings"]
+    assert {k: settings[k] for k in ("outer_lr", "verify_window", "verify_resolution")} == {
+        "outer_lr": 1.6,
+        "verify_window": 3,
+        "verify_resolution": 0.5,
+    }
+    assert {"outer_momentum", "keep_norms", "restart"} <= set(settings)
+    assert not {"max_predict_steps", "confidence_threshold", "max_correction_factor", "arms"} & set(settings)
 
 
 def test_phase_curves_layout_is_written_once_with_every_chart(events):
@@ -67,16 +195,6 @@ def test_the_band_surrounds_the_prediction_on_predicted_steps(events):
     assert set(lower) == set(upper) == set(value) >= predicted  # the margin chart needs the same steps for all three
     assert all(lower[s] < value[s] < upper[s] for s in predicted)
     assert all(lower[s] == value[s] == upper[s] for s in set(value) - predicted)  # no bound on one-step predictions
-
-
-class _RecordingBar(HybridProgressBar):
-    def __init__(self) -> None:
-        super().__init__()
-        self.shown: dict[int, dict] = {}
-
-    def on_train_batch_end(self, trainer, pl_module, *args) -> None:
-        super().on_train_batch_end(trainer, pl_module, *args)
-        self.shown[trainer.global_step] = self.get_metrics(trainer, pl_module)
 
 
 def test_progress_bar_shows_the_phase_and_backward_skipped():

@@ -16,7 +16,6 @@ from torch import nn
 from lightning_hybrid import HybridConfig, hybrid_callbacks, is_unverified_checkpoint
 from lightning_hybrid.algorithms import DivergenceCheck
 from lightning_hybrid.predictors import OuterMomentum
-from lightning_hybrid.summary import format_summary
 from tests.helpers import (
     RULE_PHASES,
     RegressionModel,
@@ -25,6 +24,7 @@ from tests.helpers import (
     flat_params,
     hybrid_trainer,
     loader,
+    report_of,
     scheduler_of,
     snoo,
 )
@@ -294,7 +294,7 @@ def target_run(restart, target, steps=66):
     rule = snoo(restart=restart, verify_window=0)
     batches = lambda step: lambda m: 0.5 * ((m.w - target(step)) ** 2).sum()  # noqa: E731
     engine, _ = engine_loop(model, torch.optim.SGD(model.parameters(), lr=0.5), rule, steps, batches, config)
-    return engine.record.counters, model.w.detach()
+    return engine.record.counters, model.w.detach(), report_of(engine)
 
 
 def test_restart_makes_no_jump_where_cycles_turn_back_and_every_jump_where_they_go_on():
@@ -303,13 +303,12 @@ def test_restart_makes_no_jump_where_cycles_turn_back_and_every_jump_where_they_
     A target moving steadily one way: every cycle goes on along the momentum and every jump is made, as without
     restarts, to the same weights."""
     swapping = lambda step: 1.0 if ((step - 6) // 10) % 2 == 0 else -1.0  # noqa: E731
-    counters, _ = target_run(True, swapping)
+    counters, _, said = target_run(True, swapping)
     assert (counters.jumps_made, counters.jump_restarts) == (3, 3)  # cycles ending at 15, 25, ..., 65: J R J R J R
-    said = format_summary({**counters.summary(), "wall_time_s": 1.0})
-    assert "3 jumps (3 cycles restarted the momentum instead)" in said
+    assert "3 jumps made, none judged (verify_window=0); 3 cycles restarted the momentum instead" in said
     assert target_run(False, swapping)[0].jumps_made == 6
     steady = lambda step: 0.1 * step  # noqa: E731
-    (counters, w), (unrestarted, w_plain) = target_run(True, steady), target_run(False, steady)
+    (counters, w, _), (unrestarted, w_plain, _) = target_run(True, steady), target_run(False, steady)
     assert (counters.jumps_made, counters.jump_restarts) == (unrestarted.jumps_made, 0) == (6, 0)
     assert torch.equal(w, w_plain)
 
@@ -319,7 +318,7 @@ def test_lookahead_under_the_default_guards_jumps_every_cycle_with_nothing_to_re
     cycle is left without its jump (it was refused before ``restart`` became a default)."""
     rule = OuterMomentum(outer_momentum=0.0)
     assert rule.restart and rule.keep_norms
-    counters, _ = noisy_target_run(0.0, noisy_from=10**6, rule=rule)
+    counters, _, _ = noisy_target_run(0.0, noisy_from=10**6, rule=rule)
     assert counters.jumps_made >= 4 and counters.jump_restarts == 0
 
 
@@ -342,7 +341,7 @@ def noisy_target_run(resolution, noisy_from, rule=None, steps=66):
     batches = lambda step: lambda m: 0.5 * ((m.w - 0.1 * step) ** 2).sum() + noise(step)  # noqa: E731
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     engine, _ = engine_loop(model, optimizer, judged(rule or snoo(), 4, resolution), steps, batches, config)
-    return engine.record.counters, model.w.detach()
+    return engine.record.counters, model.w.detach(), report_of(engine)
 
 
 def test_no_jump_is_made_where_the_cycles_losses_are_too_noisy_for_its_verdict_to_judge():
@@ -350,16 +349,16 @@ def test_no_jump_is_made_where_the_cycles_losses_are_too_noisy_for_its_verdict_t
     quietly), a margin of 2 * 1 * sqrt(2 / 4) = 1.41 from then on, far above a fifth of the loss: the three cycle
     ends after it make no jump, and say why; the quiet ones jump as without the limit. A limit no window reaches
     changes nothing, bit for bit; where no window can be judged, the run is plain training, bit for bit."""
-    counters, _ = noisy_target_run(0.2, noisy_from=38)
+    counters, _, said = noisy_target_run(0.2, noisy_from=38)
     assert (counters.jumps_made, counters.jumps_blind, counters.rollbacks) == (3, 3, 0)
-    assert "3 jumps (3 cycles too noisy to judge one)" in format_summary({**counters.summary(), "wall_time_s": 1.0})
-    unlimited, w = noisy_target_run(0.0, noisy_from=38)
+    assert "3 jumps made, 3 kept, 0 undone; 3 cycles too noisy to judge a jump" in said
+    unlimited, w, _ = noisy_target_run(0.0, noisy_from=38)
     assert (unlimited.jumps_made, unlimited.jumps_blind) == (6, 0)
-    loose, w_loose = noisy_target_run(1e6, noisy_from=38)
+    loose, w_loose, _ = noisy_target_run(1e6, noisy_from=38)
     assert (loose.jumps_made, loose.jumps_blind) == (6, 0) and torch.equal(w_loose, w)
-    counters, w_blind = noisy_target_run(0.2, noisy_from=0)  # never able to judge: plain training, bit for bit
+    counters, w_blind, _ = noisy_target_run(0.2, noisy_from=0)  # never able to judge: plain training, bit for bit
     assert (counters.jumps_made, counters.jumps_blind) == (0, 6)
-    _, w_plain = noisy_target_run(0.0, noisy_from=0, rule=snoo(outer_lr=1.0, outer_momentum=0.0))
+    _, w_plain, _ = noisy_target_run(0.0, noisy_from=0, rule=snoo(outer_lr=1.0, outer_momentum=0.0))
     assert torch.equal(w_blind, w_plain)
 
 
@@ -407,7 +406,7 @@ def test_outer_jumps_every_cycle_in_a_lightning_run_and_keeps_every_backward_pas
     model, trainer = fit_regression(hybrid_callbacks(predictor=snoo(), **RULE_PHASES))
     counters = scheduler_of(trainer).counters
     assert counters.jumps_made == (40 - 5) // 6 - 1  # the last cycle's jump could not be verified in time
-    assert f"and {counters.jumps_made} jumps" in format_summary(scheduler_of(trainer).summary())
+    assert f"{counters.jumps_made} jumps made" in scheduler_of(trainer).report()
     assert model.backward_calls == 40 and counters.backward_skipped == 0
     assert counters.jumps_kept + counters.rollbacks == counters.jumps_made
     plain, _ = fit_regression([], strategy=False)
@@ -420,7 +419,7 @@ def test_a_lightning_run_whose_jumps_training_walks_back_stops_them_and_says_so(
     unjudged, unjudged_trainer = fit_regression(hybrid_callbacks(predictor=snoo(), **RULE_PHASES))
     assert summary["jump_alignment"] <= 0 and summary["jumps_stopped_at"] == 5 + 4 * 6  # after the third jump
     assert summary["jumps_made"] == 3 < scheduler_of(unjudged_trainer).summary()["jumps_made"]
-    assert f"jumps stopped at step {summary['jumps_stopped_at']}" in format_summary(summary)
+    assert f"jumps stopped at step {summary['jumps_stopped_at']}" in scheduler_of(trainer).report()
     assert model.backward_calls == unjudged.backward_calls == 40
 
 
@@ -449,7 +448,7 @@ def test_no_jump_is_made_that_fit_cannot_verify(max_steps):
     trainer.fit(model, loader(64, batch_size=16), loader(16, batch_size=16))
     summary = scheduler_of(trainer).summary()
     assert summary["jumps_made"] == sum(end + 6 <= max_steps for end in ends)
-    assert summary["rollback_reasons"]["end_of_fit"] == 0
+    assert summary["undone_by"]["end_of_fit"] == 0
     assert torch.equal(watch.seen, flat_params(model))
     _, unverified = fit_regression(hybrid_callbacks(predictor=snoo(verify_window=0), **RULE_PHASES), steps=max_steps)
     assert scheduler_of(unverified).counters.jumps_made == sum(end < max_steps for end in ends)
@@ -562,12 +561,12 @@ def test_resume_across_cycles_too_noisy_to_judge_is_bitwise_exact(tmp_path):
     rule = lambda: snoo(keep_norms=True, restart=True, verify_resolution=0.4)  # noqa: E731
     model, trainer = _checkpointed_run(tmp_path / "full", rule())
     want = scheduler_of(trainer).summary()
-    assert (want["jumps_made"], want["jumps_blind"], want["jump_restarts"]) == (1, 2, 1)
+    assert (want["jumps_made"], want["blind_cycles"], want["momentum_restarts"]) == (1, 2, 1)
     for path in sorted((tmp_path / "full" / "ckpt").glob("*.ckpt"))[:-1]:
         resumed, again = _checkpointed_run(tmp_path / path.stem, rule(), ckpt_path=path)
         assert torch.equal(flat_params(resumed), flat_params(model)), path.name
         got = scheduler_of(again).summary()
-        assert [got[k] for k in ("jumps_made", "jumps_blind", "jump_restarts")] == [1, 2, 1], path.name
+        assert [got[k] for k in ("jumps_made", "blind_cycles", "momentum_restarts")] == [1, 2, 1], path.name
 
 
 ALIGNED = {
@@ -595,7 +594,7 @@ def test_resume_inside_an_outer_verification_window_is_bitwise_exact(tmp_path, k
         resumed, resumed_trainer = _checkpointed_run(tmp_path / f"resume_{path.stem}", ALIGNED[kind](), ckpt_path=path)
         assert torch.equal(flat_params(resumed), reference), path.name
         summary, want = scheduler_of(resumed_trainer).summary(), scheduler_of(trainer).summary()
-        keys = ("jumps_made", "jumps_kept", "jump_restarts", "rollbacks", "rollback_reasons")
+        keys = ("jumps_made", "jumps_kept", "momentum_restarts", "jumps_undone", "undone_by")
         for key in (*keys, "jump_alignment", "jumps_stopped_at") if kind == "outer_aligned" else keys:
             assert summary[key] == want[key], key
     if kind == "outer_aligned":  # the windows resumed held alignments
@@ -650,8 +649,8 @@ def test_ddp_ranks_stay_identical_under_a_rule(distributed_runs, kind):
     assert not torch.equal(rank0["first_batch"], rank1["first_batch"]), "ranks should see different data"
     assert torch.equal(rank0["params"], rank1["params"])
     assert rank0["summary"]["jumps_made"] == rank1["summary"]["jumps_made"]
-    assert rank0["summary"]["jump_restarts"] == rank1["summary"]["jump_restarts"]
-    assert rank0["summary"]["rollback_reasons"] == rank1["summary"]["rollback_reasons"]
+    assert rank0["summary"]["momentum_restarts"] == rank1["summary"]["momentum_restarts"]
+    assert rank0["summary"]["undone_by"] == rank1["summary"]["undone_by"]
     assert rank0["monitor"] == rank1["monitor"]
     for a, b in zip(rank0["rule"].values(), rank1["rule"].values()):
         assert all(torch.equal(x, y) for x, y in zip(a, b))
@@ -668,7 +667,7 @@ def test_ddp_ranks_stay_identical_under_a_rule(distributed_runs, kind):
 def test_outer_under_fsdp_jumps_each_ranks_shards_as_ddp_jumps_the_whole(distributed_runs):
     """With the alignment verdict, whose cosine sums each rank's shards."""
     ddp, fsdp = distributed_runs[1]["outer_aligned"], distributed_runs[1]["outer_aligned-fsdp"]
-    for key in ("jumps_made", "jumps_kept", "rollbacks", "rollback_reasons", "jumps_stopped_at"):
+    for key in ("jumps_made", "jumps_kept", "jumps_undone", "undone_by", "jumps_stopped_at"):
         assert fsdp[0]["summary"][key] == fsdp[1]["summary"][key] == ddp[0]["summary"][key], key
     alignments = [run[0]["summary"]["jump_alignment"] for run in (ddp, fsdp)]
     assert alignments[0] is not None and math.isclose(*alignments, rel_tol=1e-4)

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable
 from typing import Any
 
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
-from lightning_hybrid.algorithms import DivergenceCheck, LinUCBHorizons, ResidualCorrection
 from lightning_hybrid.callbacks.bandit import HorizonBandit
 from lightning_hybrid.callbacks.base import HybridComponent
 from lightning_hybrid.callbacks.corrector import ResidualCorrector
@@ -16,44 +14,20 @@ from lightning_hybrid.callbacks.memory import VRAMLogger
 from lightning_hybrid.callbacks.monitor import DivergenceMonitor
 from lightning_hybrid.callbacks.predictor import DynamicsPredictor
 from lightning_hybrid.callbacks.progress import HybridProgressBar
+from lightning_hybrid.callbacks.routing import (
+    SETTING_OWNERS,
+    ignored,
+    ignored_message,
+    owned_settings,
+    predictor_settings,
+    unknown_setting,
+)
 from lightning_hybrid.callbacks.scheduler import HybridScheduler, find_scheduler, is_unverified_checkpoint
 from lightning_hybrid.config import HybridConfig
 from lightning_hybrid.engine import family_of
-from lightning_hybrid.predictors import PREDICTORS, AnyPredictor, Predictor, TrajectoryRule, init_chain
+from lightning_hybrid.predictors import PREDICTORS, AnyPredictor, Predictor, TrajectoryRule
+from lightning_hybrid.settings import settings_of_chain
 from lightning_hybrid.validation import check_choice
-
-# Which component owns which setting of `hybrid_callbacks`: each name appears once, with its default, in the
-# owner's constructor (a named predictor's own settings come from its `init_chain`). The callbacks that host the
-# plain algorithm objects pass their settings on, so the objects' constructors are the owners.
-SETTING_OWNERS: dict[str, Callable[..., Any]] = {
-    "config": HybridConfig,
-    "monitor": DivergenceCheck,
-    "corrector": ResidualCorrection,
-    "bandit": LinUCBHorizons,
-    "host": DynamicsPredictor,
-}
-NOT_SETTINGS = ("self", "args", "kwargs", "predictor", "predictor_kwargs")  # wiring, not settings
-
-
-def settings_of(init: Callable[..., Any]) -> set[str]:
-    return {name for name in inspect.signature(init).parameters if name not in NOT_SETTINGS}
-
-
-def _unknown(name: str, predictor: str | AnyPredictor, known: dict[str, set[str]]) -> str:
-    """The message for a setting no component of this call owns: where it belongs, if anywhere."""
-    if not isinstance(predictor, str) and name in settings_of_chain(type(predictor)):
-        kind = type(predictor).__name__
-        return f"hybrid_callbacks: {name!r} is a setting of {kind}; with an instance, set it there: {kind}({name}=...)"
-    owners = sorted(n for n, cls in PREDICTORS.items() if name in settings_of_chain(cls))
-    if owners:
-        return f"hybrid_callbacks: {name!r} is a setting of predictor={owners[0]!r}, not of predictor={predictor!r}"
-    allowed = sorted({"bandit", *set().union(*known.values())})
-    return f"hybrid_callbacks: unknown setting {name!r}; known settings: {', '.join(allowed)}"
-
-
-def settings_of_chain(cls: type) -> set[str]:
-    """A predictor class's settings: its own and those of the bases it forwards ``**kwargs`` to."""
-    return set().union(*(settings_of(init) for init in init_chain(cls)))
 
 
 def hybrid_callbacks(
@@ -66,23 +40,23 @@ def hybrid_callbacks(
     the learning-rate harness measured; ``linear``, ``mlp`` and ``rssm`` predict per step and skip backward passes
     (``docs/performance.md`` says what each measured). ``bandit``: whether to add the :class:`HorizonBandit`;
     ``None`` (the default) adds it for per-step predictors and leaves it out for trajectory rules, which make no
-    Predict segments to choose horizons for. Left out, its settings are still checked, and the horizon follows the
-    scheduler's halve-on-failure rule. Every other keyword goes to the component that owns a setting of that name,
-    with that component's default when not given: :class:`HybridConfig` (the phase settings),
+    Predict segments to choose horizons for. Every other keyword goes to the component that owns a setting of that
+    name, with that component's default when not given: :class:`HybridConfig` (the phase settings),
     :class:`DivergenceMonitor`, :class:`ResidualCorrector`, :class:`HorizonBandit`, :class:`DynamicsPredictor`
-    (``feature_dim``), or the named predictor (e.g. ``outer_lr`` of ``outer``, ``decay`` of ``linear``). Unknown or
-    ambiguous names raise ``TypeError``.
+    (``feature_dim``), or the named predictor (e.g. ``outer_lr`` of ``outer``, ``decay`` of ``linear``). An
+    unknown name raises ``TypeError`` with the closest known ones; a setting the chosen mode does not read (a
+    per-step setting under ``outer``) is checked and warned about. The per-step mode's components (the corrector,
+    the bandit) are listed only for the per-step predictors.
     """
     if bandit is not None and not isinstance(bandit, bool):
         raise ValueError(f"hybrid_callbacks: `bandit` must be True, False or None, got {bandit!r}")
-    if not isinstance(predictor, (Predictor, TrajectoryRule)):
-        check_choice("hybrid_callbacks", "predictor", predictor, PREDICTORS)
-    if bandit is None:  # only a family that makes Predict segments has horizons for a bandit to choose
-        kind = predictor if isinstance(predictor, (Predictor, TrajectoryRule)) else PREDICTORS[predictor]
-        bandit = family_of(kind).chooses_horizons
-    known = {owner: settings_of(cls.__init__) for owner, cls in SETTING_OWNERS.items()}
     named = not isinstance(predictor, (Predictor, TrajectoryRule))
-    known["predictor"] = settings_of_chain(PREDICTORS[predictor]) if named else set()
+    if named:
+        check_choice("hybrid_callbacks", "predictor", predictor, PREDICTORS)
+    family = family_of(PREDICTORS[predictor] if named else predictor)
+    bandit = family.chooses_horizons if bandit is None else bandit
+    known = owned_settings()
+    known["predictor"] = predictor_settings(predictor) if named else []
     owners: dict[str, dict[str, Any]] = {owner: {} for owner in known}
     for name, value in settings.items():
         matches = [o for o, names in known.items() if name in names]
@@ -90,17 +64,32 @@ def hybrid_callbacks(
             raise TypeError(_unknown(name, predictor, known))
         if len(matches) > 1:
             raise TypeError(
-                f"hybrid_callbacks: setting {name!r} is ambiguous ({matches}); build those callbacks directly"
+                f"hybrid_callbacks: setting `{name}` is ambiguous ({matches}); build those callbacks directly"
             )
         owners[matches[0]][name] = value
     callbacks: list[Callback] = [
         HybridScheduler(HybridConfig(**owners["config"])),
         DynamicsPredictor(predictor, predictor_kwargs=owners["predictor"], **owners["host"]),
-        ResidualCorrector(**owners["corrector"]),
         DivergenceMonitor(**owners["monitor"]),
     ]
-    horizon_bandit = HorizonBandit(**owners["bandit"])  # built either way: its settings are checked either way
+    corrector = ResidualCorrector(**owners["corrector"])  # built either way: its settings are checked either way
+    horizon_bandit = HorizonBandit(**owners["bandit"])
+    unread = ignored(family, {o: v for o, v in owners.items() if o != "predictor"})
+    if unread:
+        rank_zero_warn(ignored_message(family, callbacks[1].name, unread))
+        callbacks[0].told_ignored = set(unread)  # said once: the scheduler does not say it again before training
+    if family.uses_corrector:
+        callbacks.append(corrector)
     return [*callbacks, horizon_bandit] if bandit else callbacks
+
+
+def _unknown(name: str, predictor: str | AnyPredictor, known: dict[str, list[str]]) -> str:
+    """The message for a setting no component of this call owns: where it belongs, if anywhere."""
+    if not isinstance(predictor, str) and name in settings_of_chain(type(predictor)):
+        kind = type(predictor).__name__
+        return f"hybrid_callbacks: `{name}` is a setting of {kind}; with an instance, set it there: {kind}({name}=...)"
+    accepted = ["bandit", *(n for names in known.values() for n in names)]
+    return unknown_setting("hybrid_callbacks", name, accepted, predictor if isinstance(predictor, str) else None)
 
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""HybridProgressBar: Lightning's TQDM progress bar with the hybrid phase and the backward passes skipped."""
+"""HybridProgressBar: Lightning's TQDM progress bar with the hybrid phase and what the mode has done so far."""
 
 from __future__ import annotations
 
@@ -12,10 +12,12 @@ from lightning_hybrid.callbacks.scheduler import find_scheduler
 
 
 class HybridProgressBar(TQDMProgressBar):
-    """Adds ``phase`` (warmup, full, predict, correct) and ``skipped`` (share of backward passes replaced by
-    predictions so far) to the bar's metrics, and shows a logger's string version whole (``v_num=hybrid``, where
-    Lightning cuts it to its last four characters, ``brid``). Without a :class:`HybridScheduler` it is the plain
-    TQDM bar, so one config serves plain and hybrid runs. Takes :class:`TQDMProgressBar`'s arguments."""
+    """Adds the hybrid ``phase`` and the mode's running counts to the bar's metrics: under the default rule the
+    jumps kept of those made (``jumps kept=5/7``, and ``undone=2`` once any was undone); in the per-step mode the
+    share of backward passes replaced by predictions (``skipped``). Shows a logger's string version whole
+    (``v_num=hybrid``, where Lightning cuts it to its last four characters, ``brid``). Without a
+    :class:`HybridScheduler` it is the plain TQDM bar, so one config serves plain and hybrid runs. Takes
+    :class:`TQDMProgressBar`'s arguments."""
 
     @override
     def get_metrics(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
@@ -26,6 +28,5 @@ class HybridProgressBar(TQDMProgressBar):
             metrics["v_num"] = version
         scheduler = find_scheduler(trainer)
         if scheduler is not None:
-            metrics["phase"] = scheduler.phase.label
-            metrics["skipped"] = f"{scheduler.counters.backward_skipped_pct:.1f}%"
+            metrics.update(scheduler.progress())
         return metrics

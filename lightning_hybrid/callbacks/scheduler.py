@@ -16,19 +16,27 @@ import lightning.pytorch as pl
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch.optim import Optimizer
-from typing_extensions import override
+from typing_extensions import Unpack, override
 
 from lightning_hybrid.callbacks.bandit import HorizonBandit
 from lightning_hybrid.callbacks.base import HybridComponent
-from lightning_hybrid.callbacks.corrector import ResidualCorrector
 from lightning_hybrid.callbacks.monitor import DivergenceMonitor
 from lightning_hybrid.callbacks.predictor import DynamicsPredictor
-from lightning_hybrid.callbacks.wiring import find_component, last_step, refuse_sparse_gradients
+from lightning_hybrid.callbacks.routing import DEFAULT_RULE, SchedulerSettings, split_scheduler_settings
+from lightning_hybrid.callbacks.wiring import (
+    find_component,
+    last_step,
+    predictor_host,
+    refuse_sparse_gradients,
+    used_corrector,
+    warn_ignored,
+    warn_short_fit,
+)
 from lightning_hybrid.config import HybridConfig
 from lightning_hybrid.engine import Components, HybridEngine, family_of
 from lightning_hybrid.phase import Phase
 from lightning_hybrid.summary import RunCounters, format_summary
-from lightning_hybrid.tensorboard import write_phase_curves_layout
+from lightning_hybrid.tensorboard import write_layout
 
 SUMMARY_FILENAME = "hybrid_summary.json"
 UNVERIFIED = "unverified"  # in the scheduler's state: the checkpoint was written inside an unverified prediction
@@ -36,16 +44,22 @@ OLD_UNVERIFIED_KEY = "hybrid_unverified_segment"  # where state version 2 kept t
 
 
 class HybridScheduler(HybridComponent):
-    """Runs the Warmup → Full → Predict → Correct cycle and owns the rollback snapshot and run summary.
+    """Runs hybrid training: the default rule's cycles and jumps (``outer``), or the per-step mode's Warmup → Full →
+    Predict → Correct cycle; owns the run's record and summary.
 
-    The Predict horizon starts at ``max_predict_steps``, halves after every failed segment (rollback or invalid
-    plan) and doubles, up to ``max_predict_steps``, after every accepted one.
+    On its own it runs the default rule, with the other components it needs built with their defaults: a config
+    file (LightningCLI) lists the strategy and this callback. The per-step mode adds a :class:`DynamicsPredictor`
+    that names a per-step predictor (and its :class:`ResidualCorrector` and :class:`HorizonBandit`).
 
     Args:
-        config: the phase settings; alternatively pass them as keyword arguments (see :class:`HybridConfig`).
+        config: the phase settings, as a :class:`HybridConfig`; or give them as keywords.
         summary_filename: name of the JSON summary written at the end of a ``fit`` that trained.
         summary_dir: the folder it goes to; by default where the Trainer's first logger keeps its logs
             (``trainer.log_dir``), and nowhere without a logger (the summary is still printed).
+        **settings: the phase settings (:class:`HybridConfig`'s) and the default rule's (``outer_lr``,
+            ``outer_momentum``, ``keep_norms``, ``restart``, ``verify_window``, ``verify_sigmas``,
+            ``verify_resolution``, ``alignment_window``, ``state_on_host``: see
+            :class:`~lightning_hybrid.predictors.OuterMomentum`). Every one is listed in ``docs/settings.md``.
     """
 
     def __init__(
@@ -53,11 +67,16 @@ class HybridScheduler(HybridComponent):
         config: HybridConfig | None = None,
         summary_filename: str = SUMMARY_FILENAME,
         summary_dir: str | None = None,
-        **settings: Any,
+        **settings: Unpack[SchedulerSettings],
     ) -> None:
-        if config is not None and settings:
-            raise ValueError(f"HybridScheduler: pass either `config` or settings, not both (got {sorted(settings)})")
-        self.config = config if config is not None else HybridConfig(**settings)
+        phase, rule = split_scheduler_settings(settings)
+        if config is not None and phase:
+            raise ValueError(f"HybridScheduler: pass either `config` or phase settings, not both (got {sorted(phase)})")
+        self.config = config if config is not None else HybridConfig(**phase)
+        self.rule_settings = rule
+        # the default rule's host, built here so that bad settings fail now; placed among the callbacks at setup
+        self._own_host = DynamicsPredictor(DEFAULT_RULE, predictor_kwargs=rule)
+        self.told_ignored: set[str] = set()  # settings hybrid_callbacks already warned the mode ignores
         self.summary_filename, self.summary_dir = summary_filename, summary_dir
         self.engine = HybridEngine(self.config, info=rank_zero_info, warn=rank_zero_warn)
         self.predictor: DynamicsPredictor | None = None
@@ -79,15 +98,25 @@ class HybridScheduler(HybridComponent):
     def counters(self) -> RunCounters:
         return self.engine.record.counters
 
+    def progress(self) -> dict[str, str]:
+        """What the progress bar shows: the phase, and the mode's running counts (jumps kept of those made, or the
+        share of backward passes skipped)."""
+        family = self.engine.family
+        return {"phase": self.phase.label, **(family.progress() if family is not None else {})}
+
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
         if stage != "fit":
             return
-        self.predictor = find_component(trainer, self, DynamicsPredictor, default=True)
-        corrector = find_component(trainer, self, ResidualCorrector, default=True)
-        self.monitor = find_component(trainer, self, DivergenceMonitor, default=True)
-        self.bandit = find_component(trainer, self, HorizonBandit, default=False)  # only where listed
+        self.predictor = predictor_host(trainer, self, self._own_host, self.rule_settings)
+        try:
+            family = family_of(self.predictor.predictor)
+        except ValueError as err:  # an unregistered family, refused by name before training
+            raise MisconfigurationException(str(err)) from err
+        corrector = used_corrector(trainer, self, family, self.predictor.name)
+        self.monitor = find_component(trainer, self, DivergenceMonitor, DivergenceMonitor)
+        self.bandit = find_component(trainer, self, HorizonBandit, None)  # only where listed
         if not any(p.requires_grad for p in pl_module.parameters()):
             raise ValueError(
                 f"{type(pl_module).__name__} has no trainable parameters (none with requires_grad=True); "
@@ -99,13 +128,13 @@ class HybridScheduler(HybridComponent):
                 f"{type(trainer.strategy).__name__}: its optimizer state is already sharded; use predict_memory='none'."
             )
         bandit = self.bandit.horizons if self.bandit is not None else None
-        host = self.predictor
-        try:  # the family that runs the predictor, and what it cannot run with, refused by name before training
-            family = family_of(host.predictor)
-            parts = Components(host.predictor, host.encoder, corrector.correction, self.monitor.divergence, bandit)
+        host, monitor = self.predictor, self.monitor.divergence
+        parts = Components(host.predictor, host.encoder, corrector, monitor, bandit)
+        try:  # what the family cannot run with, refused by name before training
             family.check(self.config, parts, trainer.strategy.sharded)
         except ValueError as err:
             raise MisconfigurationException(str(err)) from err
+        warn_ignored(family, self.predictor.name, self.config, self.monitor.divergence, self.told_ignored)
         self.engine.connect(parts)
         self._strategy = trainer.strategy
         trainer.strategy.attach_step_handler(self.engine)
@@ -125,7 +154,8 @@ class HybridScheduler(HybridComponent):
                 f"`configure_optimizers` returned {len(trainer.optimizers)}."
             )
         refuse_sparse_gradients(pl_module)
-        optimizer = trainer.optimizers[0]
+        optimizer, end = trainer.optimizers[0], last_step(trainer)
+        warn_short_fit(type(self.engine.family), self.config, self.predictor.predictor, trainer.global_step, end)
         self.engine.bind(
             optimizer,
             trainer.strategy,
@@ -134,13 +164,13 @@ class HybridScheduler(HybridComponent):
             global_step=trainer.global_step,
             world_size=trainer.world_size,
             buffers=list(pl_module.buffers()),
-            last_step=last_step(trainer),
+            last_step=end,
         )
         self._hooks = [
             optimizer.register_step_pre_hook(self._before_optimizer_step),
             optimizer.register_step_post_hook(self._after_optimizer_step),
         ]
-        write_phase_curves_layout(trainer)
+        write_layout(trainer, self.engine.family.mode)
         self._in_step = False
 
     def _before_optimizer_step(self, optimizer: Optimizer, args: Any, kwargs: Any) -> None:
@@ -200,7 +230,7 @@ class HybridScheduler(HybridComponent):
             os.makedirs(directory, exist_ok=True)
             with open(os.path.join(directory, self.summary_filename), "w") as f:
                 json.dump(summary, f, indent=2)
-        rank_zero_info(format_summary(summary))
+        rank_zero_info(self.report(summary))
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -220,6 +250,11 @@ class HybridScheduler(HybridComponent):
             if callback is not self and callable(getattr(callback, "hybrid_summary", None)):
                 out.update(callback.hybrid_summary())
         return out
+
+    def report(self, summary: dict[str, Any] | None = None) -> str:
+        """The end-of-fit text: the steps, what the mode did in its own words, the guard's skips and the clock."""
+        summary = self.summary() if summary is None else summary
+        return format_summary(summary, self.engine.family.report(summary))
 
     @override
     def _state(self) -> dict[str, Any]:

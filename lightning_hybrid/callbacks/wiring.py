@@ -1,23 +1,33 @@
 """What the ``HybridScheduler`` checks and finds in a Trainer before training starts: its component callbacks, the
-gradients the engine can read, and the step at which training will end."""
+gradients the engine can read, the step at which training will end, and what it warns about (settings the mode does
+not read, a fit too short for any prediction)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch import nn
 
 from lightning_hybrid.callbacks.base import HybridComponent
+from lightning_hybrid.callbacks.corrector import ResidualCorrector
+from lightning_hybrid.callbacks.routing import changed_from_default, config_changes, ignored, ignored_message, mode_of
+from lightning_hybrid.config import HybridConfig
+from lightning_hybrid.engine import PredictionFamily
+from lightning_hybrid.engine.family import ALL_MONITOR_SETTINGS
 
 
-def find_component(trainer: pl.Trainer, scheduler: pl.Callback, kind: type, default: bool) -> Any:
-    """The trainer's ``kind`` component. A missing required one is built with its defaults and placed right after
-    the scheduler, so that Lightning runs its hooks and checkpoints it like any listed callback: a config file
-    (LightningCLI) needs only the strategy and the scheduler. Two of a kind are refused."""
+def find_component(
+    trainer: pl.Trainer, scheduler: pl.Callback, kind: type, build: Callable[[], Any] | None, notice: bool = False
+) -> Any:
+    """The trainer's ``kind`` component. A missing one is made by ``build`` (left missing without it) and placed
+    right after the scheduler, so that Lightning runs its hooks and checkpoints it like any listed callback: a
+    config file (LightningCLI) needs only the strategy and the scheduler. ``notice``: say that it was built with its
+    defaults. Two of a kind are refused."""
     matches = [cb for cb in trainer.callbacks if isinstance(cb, kind)]
     if len(matches) > 1:
         present = sorted(type(cb).__name__ for cb in trainer.callbacks if isinstance(cb, HybridComponent))
@@ -25,11 +35,12 @@ def find_component(trainer: pl.Trainer, scheduler: pl.Callback, kind: type, defa
             f"HybridScheduler takes at most one {kind.__name__} callback, found {len(matches)} "
             f"(hybrid callbacks present: {present})."
         )
-    if matches or not default:
+    if matches or build is None:
         return matches[0] if matches else None
-    component = kind()
+    component = build()
     trainer.callbacks.insert(trainer.callbacks.index(scheduler) + 1, component)
-    rank_zero_info(f"hybrid: no {kind.__name__} among the callbacks; using one with its default settings")
+    if notice:
+        rank_zero_info(f"hybrid: no {kind.__name__} among the callbacks; using one with its default settings")
     return component
 
 
@@ -51,3 +62,57 @@ def last_step(trainer: pl.Trainer) -> int | None:
     """The global step at which ``fit`` will end, from ``max_steps`` or the epochs; ``None`` where it is open."""
     total = trainer.estimated_stepping_batches
     return int(total) if math.isfinite(total) else None
+
+
+def predictor_host(trainer: pl.Trainer, scheduler: pl.Callback, own: Any, rule_settings: dict[str, Any]) -> Any:
+    """The listed :class:`DynamicsPredictor`, or the scheduler's ``own`` (the default rule, with the settings the
+    scheduler was given). The rule's settings in both places are refused: which would win is not the plugin's to
+    guess."""
+    host = find_component(trainer, scheduler, type(own), lambda: own)
+    if host is not own and rule_settings:
+        raise MisconfigurationException(
+            f"HybridScheduler was given the default rule's settings {sorted(rule_settings)}, but the Trainer also "
+            f"lists a DynamicsPredictor (predictor={host.name!r}), which holds the predictor and its settings: give "
+            "them in one place (the scheduler's, for the default rule, with no DynamicsPredictor listed)."
+        )
+    return host
+
+
+def warn_ignored(
+    family: type[PredictionFamily], predictor: str, config: HybridConfig, monitor: Any, told: set[str]
+) -> None:
+    """Settings changed from their defaults that this mode does not read (and ``hybrid_callbacks`` has not already
+    said so of): say so before training."""
+    given = {"config": config_changes(config), "monitor": changed_from_default(monitor, list(ALL_MONITOR_SETTINGS))}
+    names = [n for n in ignored(family, given) if n not in told]
+    if names:
+        rank_zero_warn(ignored_message(family, predictor, names))
+
+
+def warn_short_fit(
+    family: type[PredictionFamily], config: HybridConfig, predictor: Any, start: int, end: int | None
+) -> None:
+    """A fit that ends before its mode can have made and judged a prediction trains as plain Lightning: say so
+    before it trains (a ``max_steps`` below ``warmup_steps``, say)."""
+    first = family.first_judged_step(config, predictor)
+    if end is None or end >= first or start >= first or not config.enable_prediction:
+        return
+    rank_zero_warn(
+        f"hybrid: this fit ends at step {end}, before step {first}, the first by which {mode_of(family)} can have "
+        f"made and judged a prediction (warmup_steps={config.warmup_steps}, full_steps={config.full_steps}): the "
+        "whole fit is plain training with the plugin's checks. Lower warmup_steps or train longer."
+    )
+
+
+def used_corrector(trainer: pl.Trainer, scheduler: pl.Callback, family: type[PredictionFamily], predictor: str) -> Any:
+    """The residual correction of the run's :class:`ResidualCorrector` where the mode uses one (built with its
+    defaults when not listed), else ``None``: one listed for a mode that does not use it is left out, with a
+    warning."""
+    uses = family.uses_corrector
+    corrector = find_component(trainer, scheduler, ResidualCorrector, ResidualCorrector if uses else None, notice=True)
+    if corrector is not None and not uses:
+        rank_zero_warn(
+            f"hybrid: the ResidualCorrector is a component of the per-step mode; predictor={predictor!r} runs the "
+            f"{family.mode} mode, which does not use it"
+        )
+    return corrector.correction if corrector is not None and uses else None

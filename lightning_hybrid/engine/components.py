@@ -71,11 +71,11 @@ class Bandit(Protocol):
 
 @dataclass
 class Components:
-    """The engine's collaborators: a predictor and its state encoder, the corrector, the monitor, and optionally
-    the horizon bandit."""
+    """The engine's collaborators: a predictor and its state encoder, the corrector (``None`` where the family uses
+    none), the monitor, and optionally the horizon bandit."""
 
     predictor: Any  # a Forecaster; the family that runs it needs more (a Predictor, an OuterMomentum, ...)
     encoder: StateEncoder
-    corrector: Corrector
+    corrector: Corrector | None
     monitor: Monitor
     bandit: Bandit | None = None

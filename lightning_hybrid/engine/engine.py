@@ -33,6 +33,7 @@ from lightning_hybrid.engine.record import RunRecord, StepRecord
 from lightning_hybrid.engine.state import engine_state, load_engine_state, migrate_v1
 from lightning_hybrid.engine.store import ParameterStore
 from lightning_hybrid.phase import Phase
+from lightning_hybrid.settings import setting_values
 
 log = logging.getLogger("lightning_hybrid")
 
@@ -137,9 +138,10 @@ class HybridEngine:
     # -- services the families use (and ``info``, where messages go) ---------------------------------------------
     def count_failure(self) -> None:
         if self.policy.prediction_failed():
+            failed, what = self.family.failures
             self._warn(
-                f"hybrid: {self.policy.consecutive_failures} predictions (segments or jumps) failed in a row; "
-                "prediction is off for the rest of this run, which continues as plain training."
+                f"hybrid: {self.policy.consecutive_failures} {failed} in a row; {what} off for the rest of this run, "
+                "which continues as plain training."
             )
 
     @property
@@ -260,23 +262,29 @@ class HybridEngine:
         return {**self.record.metrics(self.step, predicted_loss), **self.family.metrics(self.step)}
 
     def summary(self) -> dict[str, Any]:
-        """Whole-run numbers, as written to ``hybrid_summary.json``."""
+        """Whole-run numbers in the mode's words, with the settings it ran with, as written to
+        ``hybrid_summary.json``."""
         self.read_deferred()
-        parts, counters = self.parts, self.record.counters
+        family = self.family
         return {
-            **self.record.summary(),
-            "rollback_reasons": {
-                **parts.monitor.events,
-                "invalid_plan": counters.invalid_plans,
-                "end_of_fit": counters.end_of_fit_rollbacks,
-            },
-            "prediction_disabled": self.policy.prediction_off,
-            "predictor": parts.predictor.name,
-            "family": self.family.name,
-            "final_confidence": parts.predictor.confidence(),
-            "config": self.config.to_dict(),
-            **self.family.summary(),
+            "mode": family.mode,
+            "predictor": self.parts.predictor.name,
+            "settings": self.settings(),
+            **self.record.summary(family.phases),
+            **family.summary(),
         }
+
+    def settings(self) -> dict[str, Any]:
+        """Every setting this run's mode reads, with the value it ran with: the phase settings, the predictor's (or
+        rule's), the monitor's and, where the mode uses them, the corrector's and the bandit's."""
+        family, parts = self.family, self.parts
+        out = {name: getattr(self.config, name) for name in family.phase_settings}
+        out.update(setting_values(parts.predictor))
+        out.update({n: getattr(parts.monitor, n) for n in family.monitor_settings if hasattr(parts.monitor, n)})
+        for part in (parts.corrector if family.uses_corrector else None, parts.bandit):
+            if part is not None:
+                out.update(setting_values(part))
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         return engine_state(self)

@@ -9,11 +9,14 @@ family is built by the engine with an :class:`EngineView`, the part of the engin
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
+from dataclasses import fields
 from typing import Any, ClassVar, Protocol
 
 from torch import Tensor
 
+from lightning_hybrid.algorithms import DivergenceCheck
 from lightning_hybrid.config import HybridConfig
 from lightning_hybrid.engine.components import Components
 from lightning_hybrid.engine.guard import StepGuard
@@ -22,6 +25,10 @@ from lightning_hybrid.engine.phases import Due, PhaseMachine
 from lightning_hybrid.engine.policy import PredictionPolicy
 from lightning_hybrid.engine.record import RunRecord, StepRecord
 from lightning_hybrid.engine.store import ParameterStore
+from lightning_hybrid.phase import Phase
+
+ALL_PHASE_SETTINGS = tuple(f.name for f in fields(HybridConfig))
+ALL_MONITOR_SETTINGS = tuple(inspect.signature(DivergenceCheck).parameters)
 
 
 class EngineView(Protocol):
@@ -65,10 +72,22 @@ class PredictionFamily:
     """
 
     name: ClassVar[str]
+    mode: ClassVar[str]  # what the user reads: the summary's ``mode``, the TensorBoard layout's key
     keeps_buffer: ClassVar[bool] = False  # hold the store's parameter-sized buffer for the whole run
     gated: ClassVar[bool] = True  # observation waits for the learning-rate gate (``predict_lr_fraction``)
     chooses_horizons: ClassVar[bool] = False  # a HorizonBandit has something to choose
     predicts_steps: ClassVar[bool] = False  # enters Predict: steps without a backward pass
+    uses_corrector: ClassVar[bool] = False  # reads the ResidualCorrector (and the state encoder it works on)
+    phases: ClassVar[tuple[Phase, ...]] = tuple(Phase)  # the phases its steps can be in
+    failures: ClassVar[tuple[str, str]] = ("predictions failed", "prediction is")  # the warning when it turns off
+    # the settings it reads, of HybridConfig and of the DivergenceMonitor: any other is ignored, with a warning
+    phase_settings: ClassVar[tuple[str, ...]] = ALL_PHASE_SETTINGS
+    monitor_settings: ClassVar[tuple[str, ...]] = ALL_MONITOR_SETTINGS
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" in vars(cls) and "mode" not in vars(cls):
+            cls.mode = cls.name  # a family of one's own is its own mode
 
     def __init__(self, engine: EngineView) -> None:
         self.engine = engine
@@ -88,6 +107,12 @@ class PredictionFamily:
                 f"predict_memory={config.predict_memory!r} frees memory during Predict segments, which "
                 f"predictor={name!r} does not run; use predict_memory='none'."
             )
+
+    @classmethod
+    def first_judged_step(cls, config: HybridConfig, predictor: Any) -> int:
+        """The earliest global step by which this family can have made a prediction and judged it: a fit that ends
+        before it trains as plain Lightning (the scheduler warns)."""
+        return config.warmup_steps + config.full_steps
 
     def setup(self, restored: bool) -> None:
         """The store was (re)built on the trainable tensors: set up on them. ``restored``: a checkpoint's state was
@@ -147,17 +172,20 @@ class PredictionFamily:
 
     # -- reporting and state -------------------------------------------------------------------------------------
     def metrics(self, step: StepRecord) -> dict[str, float]:
-        """The family's ``hybrid/*`` scalars of the step just ended."""
-        return {
-            "hybrid/confidence": self.engine.parts.predictor.confidence(),
-            "hybrid/horizon": 0.0,
-            "hybrid/correction_magnitude": 0.0,
-            "hybrid/uncertainty": self.engine.parts.predictor.uncertainty(),
-        }
+        """The family's ``hybrid/*`` scalars of the step just ended (charted by its TensorBoard layout)."""
+        return {}
+
+    def progress(self) -> dict[str, str]:
+        """What the progress bar shows of the run so far, beside the phase."""
+        return {}
 
     def summary(self) -> dict[str, Any]:
-        """What the family adds to ``hybrid_summary.json``."""
+        """The family's counters in ``hybrid_summary.json``, in its own words."""
         return {}
+
+    def report(self, summary: dict[str, Any]) -> list[str]:
+        """The end-of-fit lines about what the family did, from its :meth:`summary`."""
+        return []
 
     def state_dict(self) -> dict[str, Any]:
         return {}

@@ -68,14 +68,11 @@ class RunRecord:
             self.counters.backed_off_steps += 1
 
     def metrics(self, step: StepRecord, predicted_loss: float) -> dict[str, float]:
-        """The ``hybrid/*`` scalars of a finished step that every family logs (the family adds its own). The band
-        has zero width on ordinary steps, where the one-step prediction carries no bound, so the value, lower and
-        upper curves always share their steps."""
-        metrics = {
-            "hybrid/phase": float(step.phase),
-            "hybrid/rollbacks": float(self.counters.rollbacks),
-            "hybrid/backward_skipped_pct": self.counters.backward_skipped_pct,
-        }
+        """The ``hybrid/*`` scalars of a finished step that every family logs (the family adds its own): the phase,
+        the loss and, where the family expected one, the loss it predicted with its band. The band has zero width on
+        ordinary steps, where the one-step prediction carries no bound, so the value, lower and upper curves always
+        share their steps."""
+        metrics = {"hybrid/phase": float(step.phase)}
         if math.isfinite(step.loss):
             metrics["hybrid/loss"] = step.loss
         if math.isfinite(predicted_loss):
@@ -87,12 +84,14 @@ class RunRecord:
             metrics["hybrid/prediction_error"] = step.error
         return metrics
 
-    def summary(self) -> dict[str, Any]:
-        out = self.counters.summary()
+    def summary(self, phases: tuple[Phase, ...]) -> dict[str, Any]:
+        out = self.counters.summary(phases)
         out["wall_time_s"] = round(self.wall_time(), 4)  # training start to end, validation included
-        count = self.errors["count"]
-        out["mean_prediction_error"] = self.errors["sum"] / count if count else None
         return out
+
+    def mean_error(self) -> float | None:
+        count = self.errors["count"]
+        return self.errors["sum"] / count if count else None
 
     def state_dict(self) -> dict[str, Any]:
         return {"counters": self.counters.to_dict(), "errors": dict(self.errors), "wall_time_s": self.wall_time()}

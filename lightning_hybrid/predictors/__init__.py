@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from lightning_hybrid.predictors.base import Plan, Predictor, UpdateStats
@@ -13,18 +12,13 @@ from lightning_hybrid.predictors.mlp import MLPPredictor
 from lightning_hybrid.predictors.outer import OuterMomentum
 from lightning_hybrid.predictors.rssm import RSSMPredictor
 from lightning_hybrid.predictors.rules import TrajectoryRule
+from lightning_hybrid.settings import init_chain
 from lightning_hybrid.validation import check_choice
 
 AnyPredictor = Predictor | TrajectoryRule
 PREDICTORS: dict[str, type[AnyPredictor]] = {
     cls.name: cls for cls in (OuterMomentum, LinearPredictor, MLPPredictor, RSSMPredictor)
 }
-
-
-def init_chain(cls: type[AnyPredictor]) -> list[Callable[..., None]]:
-    """The ``__init__`` of a predictor class and of each base it forwards ``**kwargs`` to, most derived first:
-    together they list the predictor's settings."""
-    return [vars(klass)["__init__"] for klass in cls.__mro__ if "__init__" in vars(klass) and klass is not object]
 
 
 def build_predictor(name: str, **kwargs: Any) -> AnyPredictor:

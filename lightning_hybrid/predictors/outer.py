@@ -27,6 +27,13 @@ def _cosine_terms(params: TensorList, pairs: Iterable[tuple[Tensor, Tensor]]) ->
     return terms
 
 
+def _sum_sq(tensors: TensorList) -> Tensor:
+    """The squared norm of ``tensors`` together, in float32 (one fused norm)."""
+    if not tensors:
+        return torch.zeros((), dtype=torch.float32)
+    return torch.stack(torch._foreach_norm(tensors, dtype=torch.float32)).square().sum()
+
+
 class OuterMomentum(TrajectoryRule):
     """``outer``, the default: the SNOO rule (one-worker DiLoCo) with the guards the learning-rate harness measured.
     Every Full cycle of ``full_steps`` ordinary steps runs from an anchor; after it (as the engine starts the next
@@ -157,8 +164,10 @@ class OuterMomentum(TrajectoryRule):
         for held in self._held.values():
             held.put_away()
 
-    def jump(self, params: list[Tensor], anchor: list[Tensor]) -> None:
-        """The cycle's end: move ``params`` in place to the new anchor and leave it in ``anchor`` too.
+    def jump(self, params: list[Tensor], anchor: list[Tensor]) -> Tensor:
+        """The cycle's end: move ``params`` in place to the new anchor and leave it in ``anchor`` too. Returns
+        ``[|d|², |weights|²]`` over this rank's tensors (on the device; summed over ranks, the jump's size relative
+        to the weights), ``d`` the jump as the rule computes it, before ``keep_norms`` scales the tensors back.
 
         ``params += (1 - η) s - η μ b`` with ``b`` already updated by ``s``: the same point as
         ``anchor - η (μ b + s)``, written as a displacement so that ``η = 1, μ = 0`` adds nothing.
@@ -173,6 +182,7 @@ class OuterMomentum(TrajectoryRule):
             torch._foreach_mul_(anchor, 1.0 - eta)  # anchor := the jump d = (1 - η) s - η μ b
             if mu > 0:
                 torch._foreach_add_(anchor, b, alpha=-eta * mu)
+            size = torch.stack([_sum_sq(anchor), _sum_sq(params)])
             before = torch._foreach_norm(params) if self.keep_norms else None
             torch._foreach_add_(params, anchor)
             if kept:
@@ -181,6 +191,7 @@ class OuterMomentum(TrajectoryRule):
                 self._scale_back(params, before, kept)
             torch._foreach_copy_(anchor, params)
         self.put_away()
+        return size
 
     @staticmethod
     def _scale_back(params: list[Tensor], before: list[Tensor], kept: list[Tensor]) -> None:

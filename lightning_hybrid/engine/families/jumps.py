@@ -13,47 +13,36 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any
 
 from lightning_hybrid.config import HybridConfig
 from lightning_hybrid.engine.components import Components
+from lightning_hybrid.engine.families.jump_report import JumpReport, Readings
+from lightning_hybrid.engine.families.jump_state import STATE_KEYS, JumpState
 from lightning_hybrid.engine.family import PredictionFamily, register_family
 from lightning_hybrid.engine.record import StepRecord
 from lightning_hybrid.engine.store import copy_
 from lightning_hybrid.phase import Phase
 
-STATE_KEYS = ("started", "jump_due", "pending", "first_check", "reference", "spread", "window", "anchor")
-
-
-@dataclass
-class JumpState:
-    """The family's run state, checkpointed (Python values only, so it resumes exactly)."""
-
-    started: bool = False  # the buffer holds an anchor
-    jump_due: bool = False  # the cycle just ended with a jump to make as the next step starts
-    pending: bool = False  # a jump awaits its delayed verdict
-    first_check: bool = False  # the next ordinary step checks the jump for divergence
-    reference: float = math.nan  # the verification window's mean loss in the cycle before the jump
-    spread: float = 0.0  # and its losses' standard deviation
-    window: deque[float] = field(default_factory=deque)  # this cycle's last losses
-    aligning: bool = False  # a jump started this cycle: its alignment is read at the cycle's end
-    alignments: deque[float] = field(default_factory=deque)  # the last jumps' alignments
-    stopped_at: int = -1  # the global step at which training walked the jumps back and they stopped (-1: not)
-
 
 @register_family
-class OuterJumps(PredictionFamily):
+class OuterJumps(JumpReport, PredictionFamily):
     """Jumps of an :class:`~lightning_hybrid.predictors.OuterMomentum` rule, with their verdicts (see the module's
     doc). Holds the anchor in the store's buffer for the run."""
 
     name = "jumps"
+    mode = "jumps"
     keeps_buffer = True
     gated = False  # every backward pass is kept: the regimes where per-step prediction failed do not apply
+    phases = (Phase.WARMUP, Phase.FULL)
+    failures = ("jumps undone", "jumps are")
+    phase_settings = ("warmup_steps", "full_steps", "max_consecutive_rollbacks", "enable_prediction")
+    monitor_settings = ("z_threshold", "stats_decay", "grad_outlier_factor")
 
     def __init__(self, engine: Any) -> None:
         super().__init__(engine)
         self.state = JumpState()
+        self.readings = Readings()
         self._pending_anchor: list | None = None  # from a checkpoint, until the store exists
 
     @classmethod
@@ -70,6 +59,13 @@ class OuterJumps(PredictionFamily):
                 f"OuterMomentum: `verify_window` must be at most full_steps ({config.full_steps}): the window is the "
                 f"end of the cycle after a jump; got {window}."
             )
+
+    @classmethod
+    def first_judged_step(cls, config: HybridConfig, predictor: Any) -> int:
+        """The first jump is decided at the end of the first Full cycle, and made only if its verdict, a cycle
+        later, comes before training ends."""
+        judged = config.full_steps if predictor.verify_window > 0 else 0
+        return config.warmup_steps + config.full_steps + judged
 
     @property
     def verify_window(self) -> int:
@@ -140,7 +136,9 @@ class OuterJumps(PredictionFamily):
         if state.pending:
             state.pending = False
             pooled = math.sqrt((state.spread**2 + spread**2) / 2)
-            reason = e.parts.monitor.judge_window(state.reference, mean, e.parts.predictor.tolerance(pooled))
+            margin = e.parts.predictor.tolerance(pooled)
+            self.readings.verdict = (state.reference, mean, margin)
+            reason = e.parts.monitor.judge_window(state.reference, mean, margin)
             if reason is not None:
                 self._reject(reason)
                 mean = math.nan  # measured with the rejected jump: no reference for the next one
@@ -148,6 +146,8 @@ class OuterJumps(PredictionFamily):
                 e.policy.prediction_accepted()
                 e.record.counters.jumps_kept += 1
         state.reference, state.spread = mean, spread
+        if verify and math.isfinite(mean) and mean != 0:
+            self.readings.cycle_margin = e.parts.predictor.tolerance(spread) / abs(mean)
         off = e.policy.prediction_off or not e.config.enable_prediction or not e.parts.predictor.moves
         off = off or state.stopped_at >= 0
         unjudged = verify and (not math.isfinite(state.reference) or not self._verdict_in_time())
@@ -166,7 +166,7 @@ class OuterJumps(PredictionFamily):
         if e.store.trainable_changed():
             copy_(e.store.buffer, e.store.params)  # the cycle's end will track the new set
             return
-        e.parts.predictor.jump(e.store.params, e.store.buffer)
+        self.readings.size = e.collectives.sum_across_ranks(e.parts.predictor.jump(e.store.params, e.store.buffer))
         e.collectives.parameters_changed()
         e.record.counters.jumps_made += 1
         e.policy.prediction_started()
@@ -246,14 +246,6 @@ class OuterJumps(PredictionFamily):
         self.engine.parts.predictor.release()
 
     # -- reporting and state -------------------------------------------------------------------------------------
-    def summary(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"trajectory_rule": self.engine.parts.predictor.name}
-        if self.alignment_window:
-            alignments = self.state.alignments
-            out["jump_alignment"] = statistics.fmean(alignments) if alignments else None
-            out["jumps_stopped_at"] = self.state.stopped_at if self.state.stopped_at >= 0 else None
-        return out
-
     def state_dict(self) -> dict[str, Any]:
         state, store = self.state, self.engine.store
         anchor = self._pending_anchor

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from lightning_hybrid.engine.families.observation import charge_bandit, teach
+from lightning_hybrid.engine.families.segment_report import SegmentReport
 from lightning_hybrid.engine.family import PredictionFamily, register_family
 from lightning_hybrid.engine.phases import Due
 from lightning_hybrid.engine.record import StepRecord
@@ -23,12 +24,14 @@ from lightning_hybrid.predictors import Plan
 
 
 @register_family
-class PredictSegments(PredictionFamily):
+class PredictSegments(SegmentReport, PredictionFamily):
     """Capture each observed ordinary update, learn from it, and run Predict segments (see the module's doc)."""
 
     name = "segments"
+    mode = "per-step"
     chooses_horizons = True
     predicts_steps = True
+    uses_corrector = True
 
     def __init__(self, engine: Any) -> None:
         super().__init__(engine)
@@ -236,22 +239,6 @@ class PredictSegments(PredictionFamily):
         e.parts.predictor.release()
 
     # -- reporting and state -------------------------------------------------------------------------------------
-    def metrics(self, step: StepRecord) -> dict[str, float]:
-        parts = self.engine.parts
-        metrics = {
-            "hybrid/confidence": parts.predictor.confidence(),
-            "hybrid/horizon": float(self.horizon if step.phase is Phase.PREDICT else 0),
-            "hybrid/correction_magnitude": max((abs(math.log(f)) for f in self.factors), default=0.0),
-            "hybrid/uncertainty": parts.predictor.uncertainty(),
-        }
-        if parts.bandit is not None:
-            metrics["hybrid/bandit_arm"] = float(self.bandit_arm)
-        return metrics
-
-    def summary(self) -> dict[str, Any]:
-        bandit = self.engine.parts.bandit
-        return {"arm_counts": {str(a): n for a, n in zip(bandit.arms, bandit.counts)}} if bandit is not None else {}
-
     def state_dict(self) -> dict[str, Any]:
         store = self.engine.store
         return {

@@ -1,0 +1,101 @@
+"""What the plugin says around a fit, in the words of the mode that runs: warnings before training (settings the mode
+does not read, a fit too short to predict anything, a component it does not use), no notice about components it
+does not use, and the end-of-fit text."""
+
+import logging
+import warnings
+
+import pytest
+
+from lightning_hybrid import DivergenceMonitor, HybridScheduler, ResidualCorrector, hybrid_callbacks
+from tests.helpers import RegressionModel, hybrid_trainer, loader, scheduler_of
+
+IGNORED = "belongs to the per-step mode"
+
+
+def _fit(callbacks, steps=30, **kwargs):
+    trainer, _ = hybrid_trainer(steps, hybrid=callbacks, **kwargs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(RegressionModel(), loader())
+    return trainer, [str(w.message) for w in caught]
+
+
+def test_a_per_step_setting_given_to_the_scheduler_alone_warns_before_training():
+    """The LightningCLI path: the scheduler alone, a per-step setting among its init_args."""
+    _, said = _fit([HybridScheduler(max_predict_steps=5, warmup_steps=5, full_steps=10)])
+    assert [m for m in said if "`max_predict_steps` belongs to the per-step mode" in m]
+
+
+def test_hybrid_callbacks_warns_once_not_again_at_fit():
+    with pytest.warns(UserWarning, match=IGNORED):
+        callbacks = hybrid_callbacks(max_predict_steps=5, warmup_steps=5, full_steps=10)
+    _, said = _fit(callbacks)
+    assert not [m for m in said if IGNORED in m]
+
+
+def test_a_monitor_setting_the_default_does_not_read_warns():
+    _, said = _fit([HybridScheduler(warmup_steps=5, full_steps=10), DivergenceMonitor(oscillation_window=2)])
+    assert [m for m in said if "`oscillation_window` belongs to the per-step mode" in m]
+
+
+def test_a_residual_corrector_listed_under_the_default_is_said_unused_and_left_out():
+    trainer, said = _fit([HybridScheduler(warmup_steps=5, full_steps=10), ResidualCorrector()])
+    assert [m for m in said if "ResidualCorrector is a component of the per-step mode" in m]
+    assert scheduler_of(trainer).engine.parts.corrector is None
+
+
+def test_the_default_built_from_the_scheduler_alone_names_no_component(caplog):
+    with caplog.at_level(logging.INFO):
+        trainer, said = _fit([HybridScheduler(warmup_steps=5, full_steps=10)])
+    assert "ResidualCorrector" not in caplog.text and not [m for m in said if "ResidualCorrector" in m]
+    assert scheduler_of(trainer).summary()["jumps_made"] >= 0
+
+
+@pytest.mark.parametrize(
+    ("settings", "steps", "first"),
+    [
+        ({}, 50, 140),  # the README's warmup_steps=100 in a run of 50: 100 + 20 for the cycle + 20 for its verdict
+        ({"warmup_steps": 10, "full_steps": 10, "verify_window": 0}, 15, 20),  # nothing to verify: one cycle
+        ({"predictor": "linear", "warmup_steps": 20, "full_steps": 10}, 25, 30),
+    ],
+)
+def test_a_fit_too_short_for_any_prediction_warns_before_training(settings, steps, first):
+    class Noting(RegressionModel):
+        def training_step(self, batch, batch_idx):
+            self.said_before_training = self.said_before_training or [str(w.message) for w in caught]
+            return super().training_step(batch, batch_idx)
+
+    model = Noting()
+    model.said_before_training = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer, _ = hybrid_trainer(steps, hybrid=hybrid_callbacks(**settings))
+        trainer.fit(model, loader())
+    short = [m for m in model.said_before_training if "before step" in m]
+    assert len(short) == 1 and f"this fit ends at step {steps}, before step {first}" in short[0]
+
+
+def test_a_fit_long_enough_or_without_prediction_does_not_warn():
+    _, said = _fit(hybrid_callbacks(warmup_steps=5, full_steps=10), steps=30)
+    assert not [m for m in said if "before step" in m]
+    _, said = _fit(hybrid_callbacks(enable_prediction=False), steps=30)
+    assert not [m for m in said if "before step" in m]
+
+
+def test_prediction_switched_off_is_said_as_such():
+    trainer, _ = _fit(hybrid_callbacks(enable_prediction=False, warmup_steps=5, full_steps=10))
+    text = scheduler_of(trainer).report()
+    assert "jumps switched off (enable_prediction=False)" in text and "backed off" not in text
+    trainer, _ = _fit(hybrid_callbacks(predictor="linear", enable_prediction=False, warmup_steps=5, full_steps=10))
+    text = scheduler_of(trainer).report()
+    assert "prediction switched off (enable_prediction=False)" in text and "backed off" not in text
+
+
+def test_the_text_counts_with_correct_plurals():
+    trainer, _ = _fit(hybrid_callbacks(warmup_steps=5, full_steps=6, verify_window=3, verify_resolution=0.0), 30)
+    made = scheduler_of(trainer).counters.jumps_made
+    text = scheduler_of(trainer).report()
+    assert made > 1 and f"{made} jumps made" in text and "30 steps (warmup 5, full 25)" in text
+    trainer, _ = _fit(hybrid_callbacks(warmup_steps=5, full_steps=6, verify_window=3, verify_resolution=0.0), 18)
+    assert "1 jump made" in scheduler_of(trainer).report()
