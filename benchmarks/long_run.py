@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "task": args.task,
         "steps": args.steps,
         "overrides": overrides + args.overrides,
-        "counters": counters.summary(),
+        "counters": counters.to_dict(),
         "samples": {s: {"memory_in_use_bytes": v[0], "live_tensors": v[1]} for s, v in sampler.samples.items()},
         "memory_growth_after_step_500": max(in_use) / in_use[0] - 1,
         "live_tensors_range_after_step_500": [min(tensors), max(tensors)],

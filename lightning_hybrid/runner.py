@@ -4,9 +4,10 @@ Lightning and hybrid training with the same seed and report them side by side.""
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -17,29 +18,14 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig
 
 from lightning_hybrid.callbacks import find_scheduler
+from lightning_hybrid.comparison import COUNTS, RunResult, comparison_table, plot_comparison
 from lightning_hybrid.meter import RunMeter
 from lightning_hybrid.resume import LAST, check_checkpoint, find_checkpoint
 from lightning_hybrid.validation import check_choice
 
 MODES = ("train", "plain", "compare")
 PLAIN_STRATEGY = {"hybrid": "auto", "hybrid_ddp": "ddp", "hybrid_fsdp": "plain_fsdp"}  # each one's plain parent
-
-
-@dataclass
-class RunResult:
-    """One fit, measured by :class:`RunMeter`."""
-
-    label: str
-    val_loss: float | None
-    train_seconds: float
-    train_cpu_seconds: float
-    backward_passes: int
-    steps: int
-    backward_skipped_pct: float
-    segments: int  # Predict segments started, or outer's jumps
-    rollbacks: int
-    resumed_from: str | None = None  # the checkpoint the run went on from
-    reached_plain_at: tuple[int, float] | None = None  # step and training seconds, first at plain's final loss
+log = logging.getLogger(__name__)  # under the app, Hydra sends it to the console and the run's train.log
 
 
 def _build(node: Any, **kwargs: Any) -> Any:
@@ -106,10 +92,12 @@ def _checkpoint(cfg: DictConfig, label: str, run: Run) -> Path | None:
 def _fit(cfg: DictConfig, label: str, run: Run, ckpt_path: Path | None) -> RunResult:
     trainer, model, data, meter = run
     if ckpt_path is not None:
-        print(f"{label}: resuming from {ckpt_path}")
+        log.info(f"{label}: resuming from {ckpt_path}")
     trainer.fit(model, data, ckpt_path=ckpt_path, weights_only=True)  # a checkpoint runs no pickled code
     val = trainer.validate(model, data, verbose=False)[0].get(cfg.monitor) if cfg.validate else None
     scheduler = find_scheduler(trainer)
+    summary = scheduler.summary() if scheduler is not None and scheduler.engine.family is not None else {}
+    mode = summary.get("mode")
     return RunResult(
         label=label,
         val_loss=None if val is None else float(val),
@@ -117,46 +105,19 @@ def _fit(cfg: DictConfig, label: str, run: Run, ckpt_path: Path | None) -> RunRe
         train_cpu_seconds=meter.train_cpu_seconds,
         backward_passes=meter.backward_passes,
         steps=trainer.global_step,
-        backward_skipped_pct=scheduler.counters.backward_skipped_pct if scheduler else 0.0,
-        segments=scheduler.counters.predictions_made if scheduler else 0,
-        rollbacks=scheduler.counters.rollbacks if scheduler else 0,
+        mode=mode,
+        counts={key: summary[key] for key in COUNTS.get(mode, ())},
+        validations=_with_final(meter.validations, trainer.global_step, meter.train_seconds, val),
         resumed_from=None if ckpt_path is None else str(ckpt_path),
     )
 
 
-def comparison_table(plain: RunResult, hybrid: RunResult) -> str:
-    """Side-by-side table, led by what decides a speedup: when each run first reached plain's final validation loss
-    (the benchmark harness measures it over seeds); then the loss at equal steps and the costs."""
-
-    def num(value: float | None, fmt: str) -> str:
-        return "n/a" if value is None else format(value, fmt)
-
-    def reached(result: RunResult, index: int, fmt: str) -> str:
-        return "never" if result.reached_plain_at is None else format(result.reached_plain_at[index], fmt)
-
-    rows = [
-        ("at plain's final loss: step", reached(plain, 0, "d"), reached(hybrid, 0, "d")),
-        ("at plain's final loss: s", reached(plain, 1, ".2f"), reached(hybrid, 1, ".2f")),
-        ("val loss at equal steps", num(plain.val_loss, ".4f"), num(hybrid.val_loss, ".4f")),
-        ("steps", str(plain.steps), str(hybrid.steps)),
-        ("training time, wall (s)", num(plain.train_seconds, ".2f"), num(hybrid.train_seconds, ".2f")),
-        ("training time, CPU (s)", num(plain.train_cpu_seconds, ".2f"), num(hybrid.train_cpu_seconds, ".2f")),
-        ("backward passes", str(plain.backward_passes), str(hybrid.backward_passes)),
-        ("backward skipped", "0.0%", f"{hybrid.backward_skipped_pct:.1f}%"),
-        ("predict segments or jumps", "-", str(hybrid.segments)),
-        ("rollbacks", "-", str(hybrid.rollbacks)),
-    ]
-    lines = [f"{'':28s}{'plain':>12s}{'hybrid':>12s}"] + [f"{a:28s}{b:>12s}{c:>12s}" for a, b, c in rows]
-    if plain.reached_plain_at is not None and hybrid.reached_plain_at is not None:
-        steps = plain.reached_plain_at[0] / hybrid.reached_plain_at[0]
-        seconds = plain.reached_plain_at[1] / max(hybrid.reached_plain_at[1], 1e-9)
-        lines.append(f"to plain's final val loss: {steps:.3f}x fewer steps, {seconds:.3f}x sooner (wall)")
-    else:
-        lines.append("to plain's final val loss: the hybrid run never reached it")
-    if plain.val_loss is not None and hybrid.val_loss is not None:
-        lines.append(f"val loss at equal steps, hybrid / plain: {hybrid.val_loss / plain.val_loss:.4f}")
-    lines.append("(one seed: the benchmark harness measures over seeds, docs/performance.md)")
-    return "\n".join(lines)
+def _with_final(validations: list, step: int, seconds: float, val: Any) -> list[tuple[int, float, float]]:
+    """The validations inside fit, and the one after it where it was at a step none of them was."""
+    out = list(validations)
+    if val is not None and all(s != step for s, _, _ in out):
+        out.append((step, seconds, float(val)))
+    return out
 
 
 def run(cfg: DictConfig) -> float | None:
@@ -167,7 +128,7 @@ def run(cfg: DictConfig) -> float | None:
         one = build_run(cfg, hybrid=cfg.mode == "train")
         result = _fit(cfg, cfg.mode, one, _checkpoint(cfg, label, one))
         if result.val_loss is not None:
-            print(f"final {cfg.monitor}: {result.val_loss:.4f}")
+            log.info(f"final {cfg.monitor}: {result.val_loss:.4f}")
         return result.val_loss
     runs = {label: build_run(cfg, hybrid=label == "hybrid") for label in ("plain", "hybrid")}  # validate both first
     resume = {label: _checkpoint(cfg, label, r) for label, r in runs.items()}
@@ -177,9 +138,10 @@ def run(cfg: DictConfig) -> float | None:
         meter = runs[label].meter
         final = (result.steps, result.train_seconds) if target is not None and result.val_loss <= target else None
         result.reached_plain_at = meter.first_reached(target) or final if target is not None else None
-    table = comparison_table(results["plain"], results["hybrid"])
-    print(table)
+    log.info("\n" + comparison_table(results["plain"], results["hybrid"]))
     out = Path(cfg.paths.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.json").write_text(json.dumps({k: asdict(v) for k, v in results.items()}, indent=2))
+    plot = plot_comparison(results["plain"], results["hybrid"], out / "compare.png")
+    log.info(f"compare: {out / 'compare.json'}" + (f" and {plot}" if plot else ""))
     return results["hybrid"].val_loss

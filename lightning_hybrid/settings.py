@@ -41,7 +41,8 @@ def closest(name: str, names: Iterable[str], n: int = 3) -> list[str]:
     return [known for score, known in scored if score >= scored[0][0] - 0.05]
 
 
-def did_you_mean(name: str, names: Iterable[str]) -> str:
-    """``"; did you mean `full_steps`?"`` where a known name is close to ``name``, else ``""``."""
+def did_you_mean(name: str, names: Iterable[str], prefix: str = "") -> str:
+    """``"; did you mean `full_steps`?"`` where a known name is close to ``name``, else ``""`` (``prefix``: what
+    the user writes before a name, ``hybrid.`` on the app's command line)."""
     matches = closest(name, names)
-    return f"; did you mean {' or '.join(f'`{m}`' for m in matches)}?" if matches else ""
+    return f"; did you mean {' or '.join(f'`{prefix}{m}`' for m in matches)}?" if matches else ""

@@ -13,9 +13,13 @@ editable install reads in place), so a wheel install needs no checkout.
 
 from __future__ import annotations
 
+import logging
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
+from lightning_hybrid.overrides import misplaced
 from lightning_hybrid.runner import run
 from lightning_hybrid.schema import register_configs
 
@@ -25,8 +29,28 @@ register_configs()
 
 
 @hydra.main(version_base="1.3", config_path=f"pkg://{CONFIG_MODULE}", config_name="train")
-def main(cfg: DictConfig) -> float | None:
+def _app(cfg: DictConfig) -> float | None:
+    _through_hydras_logging("lightning", "lightning.pytorch")
     return run(cfg)
+
+
+def _through_hydras_logging(*names: str) -> None:
+    """Send Lightning's messages (the hybrid summary's among them) through the handlers Hydra set up, the console
+    and the run's ``train.log``, once each: imported before any logging was configured, it added its own."""
+    for name in names:
+        logger = logging.getLogger(name)
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+        logger.propagate = True
+
+
+def main() -> float | None:
+    """The console script: a hybrid setting given in the wrong group, or misspelt, is refused before Hydra composes
+    the config, naming where it belongs or the closest names."""
+    message = misplaced(sys.argv[1:])
+    if message is not None:
+        sys.exit(f"lightning-hybrid-train: {message}")
+    return _app()
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The Hydra training app end to end: compose API, console script, overrides, sweeps, compare mode."""
 
 import json
+import logging
 import re
 import shutil
 import subprocess
@@ -36,15 +37,16 @@ def test_train_end_to_end_through_the_compose_api(tmp_path):
     assert summary["steps_total"] == APP_STEPS and summary["backward_skipped"] > 0
 
 
-def test_compare_runs_plain_and_hybrid_with_the_same_seed(tmp_path, capsys):
-    run(app_config(tmp_path, "mode=compare"))
+def test_compare_runs_plain_and_hybrid_with_the_same_seed(tmp_path, caplog):
+    with caplog.at_level(logging.INFO):
+        run(app_config(tmp_path, "mode=compare"))
     result = json.loads((tmp_path / "compare.json").read_text())
     plain, hybrid = result["plain"], result["hybrid"]
     summary = json.loads((tmp_path / "tensorboard" / "hybrid" / "hybrid_summary.json").read_text())
     assert plain["steps"] == hybrid["steps"] == APP_STEPS
     assert plain["backward_passes"] == APP_STEPS  # counted by the same RunMeter in both runs
     assert hybrid["backward_passes"] == APP_STEPS - summary["backward_skipped"] < APP_STEPS
-    table = capsys.readouterr().out
+    table = caplog.text
     led = ("at plain's final loss: step", "at plain's final loss: s", "val loss at equal steps", "backward passes")
     assert [table.index(row) for row in led] == sorted(table.index(row) for row in led)  # the table's order
     assert "to plain's final val loss:" in table
@@ -53,20 +55,31 @@ def test_compare_runs_plain_and_hybrid_with_the_same_seed(tmp_path, capsys):
     reached = hybrid["reached_plain_at"]
     assert (reached is None and "never" in table) or 0 < reached[0] <= APP_STEPS
     assert not (tmp_path / "tensorboard" / "plain" / "hybrid_summary.json").exists()
+    steps = [s for s, _, _ in plain["validations"]]
+    assert steps and steps == [s for s, _, _ in hybrid["validations"]]  # inside fit, every trainer.val_check_interval
+    assert f"validated at steps {', '.join(map(str, steps))}" in table
+    assert hybrid["mode"] == "per-step" and set(hybrid["counts"]) == {
+        "backward_skipped_pct",
+        "segments_started",
+        "rollbacks",
+    }
 
 
-def test_the_quick_start_job_jumps_and_compare_reports_the_jumps(tmp_path, capsys):
+def test_the_quick_start_job_jumps_and_compare_reports_the_jumps(tmp_path, caplog):
     """The Quick start's main job (mode=compare, the default rule) shows prediction happening next to plain."""
     base = [o for o in APP_TRAINER if not o.startswith("predictor")]
     base += ["hybrid.full_steps=3", "predictor.verify_window=2"]
     base += ["predictor.restart=false"]  # 3 jumps: none left out by a turning cycle
-    run(app_config(tmp_path, "mode=compare", base=base + APP_SMALL_GPT))
+    with caplog.at_level(logging.INFO):
+        run(app_config(tmp_path, "mode=compare", base=base + APP_SMALL_GPT))
     result = json.loads((tmp_path / "compare.json").read_text())
     jumps = (APP_STEPS - 3) // 3 - 1  # not at the last step: no step would be left to verify it
-    assert result["hybrid"]["segments"] == jumps and result["plain"]["segments"] == 0
+    assert result["hybrid"]["counts"]["jumps_made"] == jumps and result["plain"]["counts"] == {}
+    assert result["hybrid"]["mode"] == "jumps" and result["plain"]["mode"] is None
     assert result["hybrid"]["backward_passes"] == result["plain"]["backward_passes"] == APP_STEPS
     assert result["hybrid"]["val_loss"] != result["plain"]["val_loss"]
-    assert re.search(rf"predict segments or jumps\s+-\s+{jumps}", capsys.readouterr().out)
+    assert re.search(rf"jumps made\s+-\s+{jumps}\n", caplog.text) and "segment" not in caplog.text
+    assert (tmp_path / "compare.png").stat().st_size > 10_000  # both curves, against steps and seconds
 
 
 # what the learning-rate harness measured as `outer_norm_restart_res` (docs/performance.md): the defaults must be it
@@ -216,7 +229,49 @@ def test_console_script_trains_and_rejects_a_bad_key(tmp_path):
     assert (tmp_path / "tensorboard" / "hybrid" / "hybrid_summary.json").exists()
     bad = _cli(script, "hybrid.max_predict_stepz=3", cwd=tmp_path)
     assert bad.returncode != 0
-    assert "max_predict_stepz" in bad.stderr
+    assert "`hybrid.max_predict_stepz` is not a setting; did you mean `hybrid.max_predict_steps`?" in bad.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [
+        ("hybrid.outer_lr=0.5", "`hybrid.outer_lr` is a setting of the predictor group: use predictor.outer_lr=..."),
+        ("+hybrid.ful_steps=10", "`hybrid.ful_steps` is not a setting; did you mean `hybrid.full_steps`?"),
+        (
+            "predictor.warmup_steps=3",
+            "`predictor.warmup_steps` is a setting of the hybrid group: use hybrid.warmup_steps",
+        ),
+        ("hybrid.decay=0.5", "use predictor.decay=... with predictor=linear"),
+    ],
+)
+def test_a_misplaced_or_misspelt_setting_is_refused_before_hydra_composes(tmp_path, override, said):
+    bad = _cli(sys.executable, "-m", "lightning_hybrid.train", override, cwd=tmp_path, base=[])
+    assert bad.returncode != 0 and said in bad.stderr, bad.stderr[-2000:]
+    assert not (tmp_path / "logs").exists()  # refused before any run folder was made
+
+
+@pytest.mark.slow
+def test_the_console_scripts_compare_writes_its_table_and_summary_to_the_runs_log_and_a_plot(tmp_path):
+    base = [o for o in APP_TRAINER if not o.startswith(("predictor", "hybrid"))] + APP_SMALL_GPT
+    out = _cli(
+        sys.executable,
+        "-m",
+        "lightning_hybrid.train",
+        "mode=compare",
+        f"hydra.run.dir={tmp_path}",
+        "hybrid.warmup_steps=3",
+        "hybrid.full_steps=3",
+        "predictor.verify_window=2",
+        cwd=tmp_path,
+        base=base,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    log = (tmp_path / "train.log").read_text()
+    assert "at plain's final loss: step" in log and "validated at steps 6" in log
+    assert "hybrid (jumps, outer): 12 steps (warmup 3, full 9)" in log  # Lightning's messages reach it too
+    assert log.count("hybrid (jumps, outer)") == 1
+    assert (tmp_path / "compare.png").exists()
 
 
 @pytest.mark.slow

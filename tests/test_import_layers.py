@@ -37,7 +37,7 @@ LAYERS = [
     ("engine", ("engine",)),
     ("strategy", ("strategy", "fsdp", "registry")),
     ("callbacks", ("callbacks", "meter")),
-    ("app", ("schema", "runner", "resume", "train", "demos", "__init__")),
+    ("app", ("schema", "overrides", "comparison", "runner", "resume", "train", "demos", "__init__")),
 ]
 
 
