@@ -103,8 +103,9 @@ class CurveRecorder(Callback):
         self._scheduler = find_scheduler(trainer)
 
     def _point(self, trainer: pl.Trainer) -> Point:
+        """Where the run stands; its step counts batches (Lightning counts a step per optimizer)."""
         wall, cpu = self.meter.elapsed()
-        return Point(trainer.global_step, wall, cpu, self.meter.backward_passes)
+        return Point(trainer.global_step // max(1, len(trainer.optimizers)), wall, cpu, self.meter.backward_passes)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
         if self._scheduler is None:

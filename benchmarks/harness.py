@@ -19,7 +19,7 @@ import torch
 from omegaconf import open_dict
 
 from benchmarks.curves import AXES, Curve, CurveRecorder, Point, time_to_target, value_at
-from benchmarks.tasks import TASKS, Length, compose_run
+from benchmarks.tasks import TASKS, Length, compose_run, trainer_steps
 from lightning_hybrid.callbacks import find_scheduler
 from lightning_hybrid.runner import build_run
 
@@ -116,7 +116,8 @@ def fit(cfg: Any, hybrid: bool, stop: Any = None, callbacks: Sequence[Any] = ())
     recorder = CurveRecorder(cfg.monitor, stop)
     trainer, peak = fit_measured(cfg, hybrid, [recorder, *callbacks])
     scheduler = find_scheduler(trainer)
-    record = Record(recorder.curve, trainer.strategy.root_device.type, trainer.global_step)
+    steps = trainer.global_step // max(1, len(trainer.optimizers))  # batches: a step per optimizer each
+    record = Record(recorder.curve, trainer.strategy.root_device.type, steps)
     record.peak_cuda_allocated_bytes = peak
     if scheduler is not None:
         counters = scheduler.counters
@@ -163,7 +164,7 @@ def hybrid_against(
     """One hybrid run of ``max_steps`` at most, compared with its seed's ``baseline``."""
     cfg = compose_run(task, spec, seed, overrides, workdir)
     with open_dict(cfg):
-        cfg.trainer.max_steps = max_steps
+        cfg.trainer.max_steps = trainer_steps(task, max_steps)
     hybrid = fit(cfg, hybrid=True, stop=baseline_target(baseline, spec))
     clock = "wall_s" if baseline.device == "cuda" else "cpu_s"
     return {"seed": seed, "clock": clock} | compare_seed(baseline, hybrid, spec.steps)

@@ -47,7 +47,7 @@ from benchmarks.harness import (
     write_atomic,
 )
 from benchmarks.peers import PEERS
-from benchmarks.tasks import compose_run, hybrid_steps, length_of
+from benchmarks.tasks import compose_run, hybrid_steps, length_of, trainer_steps
 from lightning_hybrid.demos.finetune import fingerprint, pretrained_weights
 
 OUT = RESULTS / "lrs"
@@ -79,6 +79,7 @@ LR_TASKS = {
     "digits_cnn": LrTask("digits_cnn", 600, 5),
     "char_gpt_wsd": LrTask("char_gpt_wsd", 1000, 5),
     "char_gpt_mid": LrTask("char_gpt_mid", 1000, 3),
+    "char_gpt_muon": LrTask("char_gpt_muon", 1000, 5),
     "finetune_lora": LrTask("finetune_lora", 400, 5),
     "finetune_full": LrTask("finetune_full", 400, 5),
     "finetune_lora_mid": LrTask("finetune_lora_mid", 400, 3),
@@ -115,7 +116,7 @@ def _run(task: str, lr: float, seed: int, config: str, workdir: str, baseline: R
     stop, peers = None, [PEERS[config]()] if config in PEERS else []
     if baseline is not None:
         with open_dict(cfg):
-            cfg.trainer.max_steps = hybrid_steps(spec)
+            cfg.trainer.max_steps = trainer_steps(LR_TASKS[task].task, hybrid_steps(spec))
         stop = baseline_target(baseline, spec)
     record = fit(cfg, hybrid=config in HYBRID, stop=stop, callbacks=peers)
     meta = {

@@ -30,6 +30,12 @@ class Task:
     experiment: str
     lengths: dict[str, Length]
     overrides: tuple[str, ...] = ()
+    optimizers: int = 1  # optimizers stepping each batch: Lightning counts a global step for each
+
+
+def trainer_steps(task: str, steps: int) -> int:
+    """The Trainer's ``max_steps`` for ``steps`` batches of ``task`` (a step per optimizer per batch)."""
+    return steps * TASKS[task].optimizers
 
 
 def _standard(quick_val_batches: int | float, val_batches: int | float) -> dict[str, Length]:
@@ -65,6 +71,8 @@ TASKS = {
         for mode in ("lora", "full")
         for size in ("", "_mid")
     },
+    # The char GPT with Muon for its hidden matrices and AdamW for the rest, on one loss (two optimizers)
+    "char_gpt_muon": Task("muon_gpt", _standard(4, 20), optimizers=2),
     # GPT-2 small's shape (12 layers, 768 wide, 12 heads, sequence 256) over bytes: 85M parameters, GPT-2's
     # 124M less its 50,257-token embedding. For a GPU: add `trainer=gpu`.
     "char_gpt_gpt2": Task(
@@ -97,7 +105,7 @@ def compose_run(task: str, length: str | Length, seed: int, overrides: Sequence[
     base = [
         f"experiment={TASKS[task].experiment}",
         f"seed={seed}",
-        f"trainer.max_steps={spec.steps}",
+        f"trainer.max_steps={trainer_steps(task, spec.steps)}",
         f"trainer.val_check_interval={spec.val_every}",
         "++trainer.check_val_every_n_epoch=null",
         f"trainer.limit_val_batches={spec.val_batches}",
@@ -112,6 +120,6 @@ def compose_run(task: str, length: str | Length, seed: int, overrides: Sequence[
     with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
         cfg = compose("train", overrides=[*base, *overrides])
     with open_dict(cfg):
-        if "max_steps" in cfg.model:  # an LR schedule's length is the baseline's, whatever the run's budget
+        if "max_steps" in cfg.model:  # an LR schedule's length (in batches) is the baseline's, whatever the budget
             cfg.model.max_steps = spec.steps
     return cfg

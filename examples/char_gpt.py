@@ -38,11 +38,11 @@ def main() -> None:
 
     L.seed_everything(args.seed)
     model = CharGPT(max_steps=args.max_steps)
-    callbacks = hybrid_callbacks(
-        predictor=args.predictor,
-        confidence_threshold=args.confidence_threshold,
-        predict_forward_every=args.predict_forward_every,
-    )
+    per_step = {  # settings of the per-step mode only: the default rule reads neither
+        "confidence_threshold": args.confidence_threshold,
+        "predict_forward_every": args.predict_forward_every,
+    }
+    callbacks = hybrid_callbacks(predictor=args.predictor, **({} if args.predictor == "outer" else per_step))
     trainer = L.Trainer(
         max_steps=args.max_steps,
         devices=args.devices,

@@ -82,6 +82,8 @@ def format_summary(summary: dict[str, Any], mode_lines: list[str]) -> str:
         f"hybrid ({summary['mode']}, {summary['predictor']}): {counted(summary['steps_total'], 'step')} ({phases})"
     ]
     lines += mode_lines
+    if summary.get("stepped_aside"):
+        lines.append(f"hybrid: stepped aside {summary['stepped_aside']}; the rest of the fit was plain Lightning")
     nonfinite, outliers = summary["nonfinite_steps_skipped"], summary["outlier_steps_skipped"]
     if nonfinite or outliers:
         lines.append(f"hybrid: skipped {nonfinite} non-finite and {outliers} exploding-gradient steps")

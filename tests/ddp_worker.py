@@ -19,11 +19,14 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_hybrid import HybridDDPStrategy, HybridFSDPStrategy, hybrid_callbacks
+from lightning_hybrid.predictors import OuterMomentum
 from tests.helpers import (
+    DEFAULT_JUMPING,
     FAST,
     FAST_PHASES,
     LEARNED,
     RULE_PHASES,
+    MuonModel,
     RegressionModel,
     flat_params,
     hybrid_trainer,
@@ -33,11 +36,13 @@ from tests.helpers import (
     snoo,
 )
 
-RULES = {  # `outer` without the default's guards, then with each
+RULES = {  # `outer` without the default's guards, then with each, then the defaults (on short cycles)
     "outer": snoo,
     "outer_aligned": partial(snoo, alignment_window=2),
     "outer_norm": partial(snoo, keep_norms=True),
     "outer_restart": partial(snoo, restart=True),
+    "default": partial(OuterMomentum, **DEFAULT_JUMPING),
+    "muon": partial(OuterMomentum, **DEFAULT_JUMPING),  # Muon and AdamW on one loss (MuonModel)
 }
 STRATEGIES = {
     "ddp": HybridDDPStrategy,
@@ -90,7 +95,7 @@ def main(out_dir: str, kind: str, nodes: int = 1, resume: str | None = None, str
         logger=False,
         default_root_dir=out_dir,
     )
-    model = RegressionModel(scheduler=True, optimizer=optimizer or "adam", lr=1e-2)
+    model = MuonModel() if kind == "muon" else RegressionModel(scheduler=True, optimizer=optimizer or "adam", lr=1e-2)
     ckpt_path = resume if resume not in (None, "save") else None
     trainer.fit(model, loader(512, batch_size=16), ckpt_path=ckpt_path)  # 16 steps per epoch and rank
     scheduler = scheduler_of(trainer)

@@ -98,8 +98,9 @@ def outcome(params: torch.Tensor, summary: dict[str, Any], logger: Any = None, p
     if logger is not None:
         phase_list = [int(p) for p in phases(logger).values()]
         rollbacks = logger.series("hybrid/rollbacks") or logger.series("hybrid/jumps_undone")  # per-step or jumps
+        rollbacks = {s + 1: v for s, v in rollbacks.items()}  # by the step that ended: Lightning logs one before
         behaviour["rollback_steps"] = [s for s, v in rollbacks.items() if v > rollbacks.get(s - 1, 0.0)]
-        behaviour["losses"] = list(logger.series("hybrid/loss").values())
+        behaviour["losses"] = [v for v in logger.series("hybrid/loss").values() if math.isfinite(v)]
         behaviour["val_losses"] = list(logger.series("val_loss").values())
     if phase_list is not None:
         behaviour["phases"] = "".join(str(p) for p in phase_list)

@@ -261,3 +261,17 @@ def test_the_host_work_benchmark_reports_every_mode_against_plain_and_a_profile(
     assert all(c["python_calls"] > 0 and c["tensor_ops"] > 0 for c in result["counts"].values())  # the plugin's own
     assert all(0 < c["own_us"]["median"] < result["plain_step_us"]["median"] for c in result["counts"].values())
     assert "| default_jumping |" in (tmp_path / "README.md").read_text()
+
+
+def test_the_muon_task_counts_its_steps_in_batches(tmp_path):
+    """Two optimizers step each batch, and Lightning counts a global step for each: the task's steps, its schedule
+    and the curve's points count batches, the Trainer's ``max_steps`` twice as many."""
+    from benchmarks.harness import fit
+    from benchmarks.tasks import Length, compose_run
+
+    tiny = ["model.n_layer=1", "model.n_embd=32", "data.max_bytes=20000"]
+    cfg = compose_run("char_gpt_muon", Length(6, 3, 2), 0, tiny, str(tmp_path))
+    assert cfg.trainer.max_steps == 12 and cfg.model.max_steps == 6
+    record = fit(cfg, hybrid=False)
+    assert record.steps == 6 and [p.step for p in record.curve.points] == [3, 6]
+    assert [p.backward for p in record.curve.points] == [3, 6]

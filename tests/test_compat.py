@@ -140,12 +140,12 @@ def test_model_without_trainable_parameters_is_refused():
         trainer.fit(model, loader())
 
 
-def test_several_optimizers_are_refused():
+def test_several_optimizers_are_refused_by_the_per_step_mode():
     class TwoOptimizers(RegressionModel):
         def configure_optimizers(self):
             return [torch.optim.SGD(self.net[0].parameters(), 0.1), torch.optim.SGD(self.net[2].parameters(), 0.1)]
 
     model = TwoOptimizers(automatic=False)
-    trainer, _ = hybrid_trainer(max_steps=3)
-    with pytest.raises(MisconfigurationException, match="exactly one optimizer"):
+    trainer, _ = hybrid_trainer(max_steps=3)  # the helpers' per-step settings
+    with pytest.raises(MisconfigurationException, match="runs the per-step mode, which trains one optimizer"):
         trainer.fit(model, loader())

@@ -82,3 +82,36 @@ def test_resumed_distributed_run_matches_the_uninterrupted_one_on_every_rank(dis
         for key in ("steps_by_phase", "rollbacks", "segments_started", "backward_passes"):
             assert after["summary"][key] == before["summary"][key], key
     assert full[0]["summary"]["steps_by_phase"]["predict"] > 0
+
+
+JUMP_COUNTS = ("jumps_made", "jumps_kept", "jumps_undone", "momentum_restarts", "blind_cycles", "undone_by")
+
+
+@pytest.mark.parametrize("kind", ["default", "muon"], ids=["defaults", "muon-and-adamw"])
+def test_the_defaults_keep_ddp_ranks_identical(distributed_runs, kind):
+    """The defaults (keep_norms, restart, the verdict) jumping on short cycles, and Muon beside AdamW on one loss."""
+    rank0, rank1 = distributed_runs[1][kind]
+    assert not torch.equal(rank0["first_batch"], rank1["first_batch"]), "ranks should see different data"
+    assert torch.equal(rank0["params"], rank1["params"])
+    assert [rank0["summary"][k] for k in JUMP_COUNTS] == [rank1["summary"][k] for k in JUMP_COUNTS]
+    assert rank0["summary"]["jumps_kept"] >= 1 and (kind == "muon" or rank0["summary"]["jumps_undone"] >= 1)
+
+
+def test_the_defaults_under_fsdp_jump_keep_and_undo_as_under_ddp(distributed_runs):
+    """``keep_norms`` on shards: each tensor's whole norm from its shards' squared norms summed over the ranks."""
+    fsdp, ddp = distributed_runs[1]["default-fsdp"], distributed_runs[1]["default"]
+    assert fsdp[0]["phases"] == fsdp[1]["phases"] == ddp[0]["phases"]
+    for key in JUMP_COUNTS:
+        assert fsdp[0]["summary"][key] == fsdp[1]["summary"][key] == ddp[0]["summary"][key], key
+    assert fsdp[0]["summary"]["settings"]["keep_norms"] and fsdp[0]["summary"]["jumps_undone"] >= 1
+    assert torch.equal(fsdp[0]["params"], fsdp[1]["params"])  # gathered from the shards
+    torch.testing.assert_close(fsdp[0]["params"], ddp[0]["params"], rtol=1e-5, atol=1e-5)
+
+
+def test_the_defaults_under_fsdp_resume_exactly(distributed_runs):
+    root, runs = distributed_runs
+    full, resumed = runs["save-default-fsdp"], runs["resumed-default-fsdp"]
+    assert [p.stem for p in saved_checkpoints(root / "save-default-fsdp")] == ["step=16", "step=32", "step=48"]
+    for before, after in zip(full, resumed):
+        assert torch.equal(after["params"], before["params"])
+        assert [after["summary"][k] for k in JUMP_COUNTS] == [before["summary"][k] for k in JUMP_COUNTS]

@@ -91,3 +91,13 @@ def test_the_demos_report_torchmetrics_validation_metrics():
     digits = L.Trainer(max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False)
     result = digits.validate(DigitsCNN(), DigitsData(), verbose=False)[0]
     assert 0.0 <= result["val_acc"] <= 1.0
+
+
+@pytest.mark.slow
+def test_the_muon_example_trains_two_optimizers_as_one_trajectory(tmp_path):
+    cmd = [sys.executable, "-m", "examples.muon_gpt", "--max-steps", "30", "--root", str(tmp_path)]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (path,) = tmp_path.rglob("hybrid_summary.json")
+    summary = json.loads(path.read_text())
+    assert summary["steps_total"] == 30 and summary["mode"] == "jumps" and "stepped_aside" not in summary

@@ -62,3 +62,14 @@ def test_torch_still_offers_what_the_device_guard_uses():
     assert callable(getattr(torch.amp.GradScaler, "_get_scale_async", None)), (
         f"torch {torch.__version__} has no GradScaler._get_scale_async: see engine/guard.py check_on_device"
     )
+
+
+def test_the_fit_loop_still_counts_the_batches_that_stepped():
+    """The scalars go to Lightning's ``self.log`` only on the batches it logs; its rule counts the batches that
+    stepped (``_batches_that_stepped``), which ``callbacks/scalars.py`` reads at ``on_train_batch_end``."""
+    trainer, _ = hybrid_trainer(6, logger=False)
+    trainer.fit(RegressionModel(), loader())
+    loop = trainer.fit_loop.epoch_loop
+    assert isinstance(getattr(loop, "_batches_that_stepped", None), int) and loop._batches_that_stepped == 6, (
+        f"Lightning {L.__version__} no longer counts `_batches_that_stepped`: see callbacks/scalars.py logging_step"
+    )

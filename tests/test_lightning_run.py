@@ -348,7 +348,7 @@ def test_a_param_group_added_during_fit_is_predicted_from_its_next_cycle():
 def test_checkpoints_and_validation_inside_a_segment_are_marked(tmp_path):
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from tests.helpers import MemoryLogger
+    from tests.helpers import MemoryLogger, after_step, phases
 
     class ValidationSteps(L.Callback):
         steps: set = set()
@@ -371,8 +371,8 @@ def test_checkpoints_and_validation_inside_a_segment_are_marked(tmp_path):
     assert any(flag for flag, _ in marked.values()) and not all(flag for flag, _ in marked.values())
     assert all(holds_snapshot for flag, holds_snapshot in marked.values() if flag)  # resumable exactly
     validated = validations.steps
-    unverified = set(logger.series("hybrid/unverified"))
-    predict_steps = {s for s, v in logger.series("hybrid/phase").items() if v == 2}
+    unverified = set(after_step(logger, "hybrid/unverified"))  # logged with the validation, at its step
+    predict_steps = {s for s, phase in phases(logger).items() if phase == 2}
     assert unverified and unverified <= validated & predict_steps  # validated right after a predicted step
 
 

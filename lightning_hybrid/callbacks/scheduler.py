@@ -1,10 +1,6 @@
-"""HybridScheduler: the callback that runs the :class:`~lightning_hybrid.engine.HybridEngine` inside ``fit``.
-
-It finds the components the other hybrid callbacks host, hands the engine to the hybrid strategy (which routes
-each training step, backward and optimizer step through it), calls the engine from Lightning's batch hooks, logs
-its scalars and keeps its state in the checkpoint, so a run resumed in any phase continues exactly as the
-uninterrupted run would.
-"""
+"""HybridScheduler: the callback that runs the :class:`~lightning_hybrid.engine.HybridEngine` inside ``fit``: it
+finds the components, hands the engine to the hybrid strategy (which routes each step through it), calls it from
+Lightning's batch hooks, logs its scalars and checkpoints its state, so a resumed run continues exactly."""
 
 from __future__ import annotations
 
@@ -23,17 +19,19 @@ from lightning_hybrid.callbacks.base import HybridComponent
 from lightning_hybrid.callbacks.monitor import DivergenceMonitor
 from lightning_hybrid.callbacks.predictor import DynamicsPredictor
 from lightning_hybrid.callbacks.routing import DEFAULT_RULE, SchedulerSettings, split_scheduler_settings
+from lightning_hybrid.callbacks.scalars import log_step, log_unverified, logging_step
 from lightning_hybrid.callbacks.wiring import (
     find_component,
     last_step,
     predictor_host,
     refuse_sparse_gradients,
+    refuse_untrainable,
     used_corrector,
     warn_ignored,
     warn_short_fit,
 )
 from lightning_hybrid.config import HybridConfig
-from lightning_hybrid.engine import Components, HybridEngine, family_of
+from lightning_hybrid.engine import Components, HybridEngine, OptimizerSet, family_of
 from lightning_hybrid.phase import Phase
 from lightning_hybrid.summary import RunCounters, format_summary
 from lightning_hybrid.tensorboard import write_layout
@@ -85,6 +83,7 @@ class HybridScheduler(HybridComponent):
         self._strategy: Any = None
         self._hooks: list[Any] = []
         self._in_step = False
+        self._per_batch, self._seen = 1, 0  # optimizers stepping each batch; the global step last seen
 
     @property
     def phase(self) -> Phase:
@@ -117,16 +116,7 @@ class HybridScheduler(HybridComponent):
         corrector = used_corrector(trainer, self, family, self.predictor.name)
         self.monitor = find_component(trainer, self, DivergenceMonitor, DivergenceMonitor)
         self.bandit = find_component(trainer, self, HorizonBandit, None)  # only where listed
-        if not any(p.requires_grad for p in pl_module.parameters()):
-            raise ValueError(
-                f"{type(pl_module).__name__} has no trainable parameters (none with requires_grad=True); "
-                "hybrid training needs at least one."
-            )
-        if trainer.strategy.sharded and self.config.predict_memory != "none":  # a hybrid strategy: checked above
-            raise MisconfigurationException(
-                f"predict_memory={self.config.predict_memory!r} is not supported with "
-                f"{type(trainer.strategy).__name__}: its optimizer state is already sharded; use predict_memory='none'."
-            )
+        refuse_untrainable(pl_module)
         bandit = self.bandit.horizons if self.bandit is not None else None
         host, monitor = self.predictor, self.monitor.divergence
         parts = Components(host.predictor, host.encoder, corrector, monitor, bandit)
@@ -148,28 +138,33 @@ class HybridScheduler(HybridComponent):
                 "steps aside and this fit is plain Lightning's."
             )
             return
-        if len(trainer.optimizers) != 1:
+        optimizers, family = list(trainer.optimizers), type(self.engine.family)
+        if len(optimizers) > 1 and family.predicts_steps:
             raise MisconfigurationException(
-                f"Hybrid training supports exactly one optimizer (several param groups are fine); "
-                f"`configure_optimizers` returned {len(trainer.optimizers)}."
+                f"predictor={self.predictor.name!r} runs the per-step mode, which trains one optimizer (several param "
+                f"groups are fine); `configure_optimizers` returned {len(optimizers)}. Several optimizers that step on "
+                "one loss train under the default rule, predictor='outer'."
             )
         refuse_sparse_gradients(pl_module)
-        optimizer, end = trainer.optimizers[0], last_step(trainer)
-        warn_short_fit(type(self.engine.family), self.config, self.predictor.predictor, trainer.global_step, end)
+        # several optimizers on one loss are one trajectory; manual optimization counts a step per optimizer step
+        self._per_batch, self._seen = len(optimizers), trainer.global_step
+        optimizer = optimizers[0] if len(optimizers) == 1 else OptimizerSet(optimizers)
+        start, end = trainer.global_step // self._per_batch, last_step(trainer)
+        end = None if end is None else end // self._per_batch
+        warn_short_fit(family, self.config, self.predictor.predictor, start, end)
         self.engine.bind(
             optimizer,
             trainer.strategy,
             automatic=pl_module.automatic_optimization,
             scaler=getattr(trainer.precision_plugin, "scaler", None),
-            global_step=trainer.global_step,
+            global_step=start,
             world_size=trainer.world_size,
             buffers=list(pl_module.buffers()),
             last_step=end,
+            logs=bool(trainer.loggers),
         )
-        self._hooks = [
-            optimizer.register_step_pre_hook(self._before_optimizer_step),
-            optimizer.register_step_post_hook(self._after_optimizer_step),
-        ]
+        pre, post = self._before_optimizer_step, self._after_optimizer_step
+        self._hooks = [h for o in optimizers for h in (o.register_step_pre_hook(pre), o.register_step_post_hook(post))]
         write_layout(trainer, self.engine.family.mode)
         self._in_step = False
 
@@ -177,7 +172,16 @@ class HybridScheduler(HybridComponent):
         self.engine.before_optimizer_step()
 
     def _after_optimizer_step(self, optimizer: Optimizer, args: Any, kwargs: Any) -> None:
-        self.engine.after_optimizer_step()
+        self.engine.after_optimizer_step(optimizer)
+
+    def _step_aside(self, reason: str) -> None:
+        """The run is not one the plugin can serve (found in its first batch): undo anything unverified and let
+        Lightning train the rest of the fit plainly, saying why."""
+        rank_zero_warn(f"hybrid: {reason}; the plugin steps aside and the rest of this fit is plain Lightning.")
+        self.engine.step_aside(reason)
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
 
     @override
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, idx: int) -> None:
@@ -195,22 +199,28 @@ class HybridScheduler(HybridComponent):
             return
         if engine.step.phase is Phase.PREDICT:
             engine.record.counters.backward_skipped += 1
-        if global_step == engine.global_step:
+        stepped, per_batch = global_step - self._seen, self._per_batch
+        if stepped == 0:
             return  # accumulating: the optimizer has not stepped yet
-        predicted_loss = engine.end_step(global_step)
+        if per_batch > 1 and (stepped != per_batch or engine.step.backwards != 1):
+            self._step_aside(
+                f"{per_batch} optimizers took {stepped} steps on {engine.step.backwards} backward passes in one "
+                "batch: several optimizers are one trajectory only where each steps once on one loss, not where "
+                "they train on different losses (a generator and a discriminator, say)"
+            )
+            return
+        self._seen = global_step
+        predicted_loss = engine.end_step(global_step // per_batch)
         self._in_step = False
         if trainer.loggers and logging_step(trainer):
-            metrics = engine.metrics(predicted_loss)
-            for logger in trainer.loggers:
-                logger.log_metrics(metrics, step=trainer.global_step)
+            log_step(pl_module, engine.metrics(predicted_loss))
 
     @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Validation inside a segment sees unverified weights: mark it in the logs (``hybrid/unverified``, 1 at
-        that step), so a reader of the curves knows which points may yet be rolled back."""
+        that validation's step), so a reader of the curves knows which points may yet be rolled back."""
         if trainer.state.fn == "fit" and self.engine.unverified:
-            for logger in trainer.loggers:
-                logger.log_metrics({"hybrid/unverified": 1.0}, step=trainer.global_step)
+            log_unverified(pl_module)
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -269,14 +279,6 @@ class HybridScheduler(HybridComponent):
         if version == 1:
             state = self.engine.migrate_v1(state)
         return {UNVERIFIED: False, **state}  # version 2 kept the flag at the checkpoint's top level
-
-
-def logging_step(trainer: pl.Trainer) -> bool:
-    """Whether the optimizer step just taken is one the Trainer logs the module's ``self.log`` calls at: every
-    ``log_every_n_steps`` optimizer steps, and the last step of a fit that is stopping (Lightning's own rule,
-    from public attributes: the step counted is the optimizer's, one per batch that stepped)."""
-    every = trainer.log_every_n_steps
-    return every > 0 and (trainer.global_step % every == 0 or trainer.should_stop)
 
 
 def is_unverified_checkpoint(checkpoint: dict[str, Any]) -> bool:

@@ -58,6 +58,14 @@ def refuse_sparse_gradients(module: pl.LightningModule) -> None:
         )
 
 
+def refuse_untrainable(module: pl.LightningModule) -> None:
+    if not any(p.requires_grad for p in module.parameters()):
+        raise ValueError(
+            f"{type(module).__name__} has no trainable parameters (none with requires_grad=True); "
+            "hybrid training needs at least one."
+        )
+
+
 def last_step(trainer: pl.Trainer) -> int | None:
     """The global step at which ``fit`` will end, from ``max_steps`` or the epochs; ``None`` where it is open."""
     total = trainer.estimated_stepping_batches

@@ -10,6 +10,7 @@ from lightning_hybrid.engine.families import OuterJumps, PredictSegments, family
 from lightning_hybrid.engine.family import FAMILIES, EngineView, PredictionFamily, register_family
 from lightning_hybrid.engine.guard import Reading, StepGuard
 from lightning_hybrid.engine.interface import Collectives, LocalCollectives, StepHandler
+from lightning_hybrid.engine.optimizers import OptimizerSet
 from lightning_hybrid.engine.phases import Due, PhaseMachine
 from lightning_hybrid.engine.policy import PredictionPolicy
 from lightning_hybrid.engine.record import RunRecord, StepRecord
@@ -28,6 +29,7 @@ __all__ = [
     "HybridEngine",
     "LocalCollectives",
     "Monitor",
+    "OptimizerSet",
     "OuterJumps",
     "ParameterStore",
     "PhaseMachine",

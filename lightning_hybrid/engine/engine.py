@@ -1,12 +1,8 @@
-"""HybridEngine: one optimizer step at a time, through the parts that decide what the step does.
-
-The engine runs what every way of predicting shares: :mod:`~.policy` says whether a step observes or is backed
-off, :mod:`~.guard` reads and guards an ordinary step, :mod:`~.store` holds the tensors, :mod:`~.phases` moves the
-cycle on and :mod:`~.record` counts and reports. What prediction does around the steps is the composed
-:class:`~.family.PredictionFamily`'s (``families/``). The engine owns no Lightning object: a hybrid strategy hands
-it the step (:class:`~.interface.StepHandler`); the ``HybridScheduler`` callback calls :meth:`begin_step` and
-:meth:`end_step` from Lightning's hooks and checkpoints :meth:`state_dict`.
-"""
+"""HybridEngine: one optimizer step at a time, through the parts that decide what it does: :mod:`~.policy` (observe
+or back off), :mod:`~.guard` (read and guard an ordinary step), :mod:`~.store` (the tensors), :mod:`~.phases` (the
+cycle) and :mod:`~.record` (counts); what prediction does around the steps is the composed
+:class:`~.family.PredictionFamily`'s. It owns no Lightning object: a hybrid strategy hands it the step
+(:class:`~.interface.StepHandler`), and the ``HybridScheduler`` calls it from Lightning's hooks."""
 
 from __future__ import annotations
 
@@ -33,7 +29,6 @@ from lightning_hybrid.engine.record import RunRecord, StepRecord
 from lightning_hybrid.engine.state import engine_state, load_engine_state, migrate_v1
 from lightning_hybrid.engine.store import ParameterStore
 from lightning_hybrid.phase import Phase
-from lightning_hybrid.settings import setting_values
 
 log = logging.getLogger("lightning_hybrid")
 
@@ -68,6 +63,8 @@ class HybridEngine:
         self.deferred: list[Deferred] = []  # quiet steps not read yet, oldest first
         self.skips_on_device = False  # the bound optimizer's update can be skipped on the device (a quiet step)
         self._restored = False  # a checkpoint was loaded since the last bind
+        self.stepped_aside: str | None = None  # where and why the engine left a fit to Lightning
+        self.logs = True  # the step's scalars are logged: readings that only they show are worth taking
         self.info, self._warn = info, warn
 
     # -- wiring --------------------------------------------------------------------------------------------------
@@ -90,15 +87,17 @@ class HybridEngine:
         world_size: int = 1,
         buffers: Sequence[Tensor] = (),
         last_step: int | None = None,
+        logs: bool = True,
     ) -> None:
         """Training starts: take this optimizer's trainable parameters (and the module's ``buffers``, which a
         rollback restores) and set the family up on them. ``last_step``: the global step at which training will
-        end, where known, so that no prediction is made that the run cannot verify."""
+        end, where known, so that no prediction is made that the run cannot verify; ``logs``: whether the step's
+        scalars are logged (readings only they show are taken only then)."""
         self.collectives = collectives
         self.step_guard = StepGuard(collectives, scaler, world_size)
         self.skips_on_device = self.step_guard.skips_on_device(optimizer)
         self.automatic = automatic
-        self.global_step, self.world_size, self.last_step = global_step, world_size, last_step
+        self.global_step, self.world_size, self.last_step, self.logs = global_step, world_size, last_step, logs
         self._build_store(optimizer, buffers)
         self.family.setup(restored=self._restored)
         self._restored = False
@@ -129,6 +128,14 @@ class HybridEngine:
         self.read_deferred()
         if self.store is not None:
             self.family.end_fit()
+
+    def step_aside(self, reason: str) -> None:
+        """Stop for the rest of the fit, which Lightning trains plainly: anything unverified is undone, and the
+        summary says where and why."""
+        self.end_fit()
+        self.record.stop_clock()
+        self.stepped_aside = f"at step {self.global_step}: {reason}"
+        self.unbind()
 
     def unbind(self) -> None:
         if self.store is not None:
@@ -172,10 +179,11 @@ class HybridEngine:
         if self.step.capture:  # the family asked for this step's update: the store's buffer holds new - old
             self.store.before_update()
 
-    def after_optimizer_step(self) -> None:
+    def after_optimizer_step(self, optimizer: Optimizer) -> None:
+        """``optimizer`` has stepped (one of several, with an :class:`~.optimizers.OptimizerSet`)."""
         step = self.step
         if step.quiet:
-            self.step_guard.step_done(self.store.optimizer)
+            self.step_guard.step_done(optimizer)
         if step.capture:
             self.store.after_update()
             step.delta_ready = True
@@ -228,7 +236,10 @@ class HybridEngine:
         return loss if self.predicting else run()  # no backward pass on predicted steps
 
     def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any], run: Callable[..., Any]) -> Any:
-        return self.family.predict_step(closure) if self.predicting else run(self.guard(optimizer, closure))
+        if self.predicting:
+            return self.family.predict_step(closure)
+        # several optimizers on one loss: the first one's step guards them all, and the others follow its verdict
+        return run(closure) if self.step.guarded else run(self.guard(closure))
 
     def record_loss(self, loss: Tensor) -> None:
         """Loss passed to ``backward`` (summed over accumulated micro-batches)."""
@@ -238,28 +249,31 @@ class HybridEngine:
                 step.forward_loss = loss if step.forward_loss is None else step.forward_loss + loss
         else:
             step.loss_sum = loss if step.loss_sum is None else step.loss_sum + loss
+            step.backwards += 1
             self.record.counters.backward_passes += 1
 
-    def guard(self, optimizer: Optimizer, closure: Callable[[], Any]) -> Callable[[], Any]:
-        """Wrap an ordinary step's closure so a non-finite loss or gradient never reaches the weights."""
+    def guard(self, closure: Callable[[], Any]) -> Callable[[], Any]:
+        """Wrap an ordinary step's closure so a non-finite loss or gradient never reaches the weights (of any of the
+        bound optimizers)."""
 
         def guarded() -> Any:
             output = closure()
             self.store.wait_for_optimizer_state()  # copied back after a segment: the update reads it next
-            self._check_ordinary_step(optimizer)
+            self._check_ordinary_step()
             return output
 
         return guarded
 
-    def _check_ordinary_step(self, optimizer: Optimizer) -> None:
-        monitor, counters = self.parts.monitor, self.record.counters
-        self.step_guard.check(self.step, optimizer, self.store.owners, monitor, self.family.judge, counters)
+    def _check_ordinary_step(self) -> None:
+        monitor, counters, step, store = self.parts.monitor, self.record.counters, self.step, self.store
+        self.step_guard.check(step, store.optimizer, store.owners, monitor, self.family.judge, counters)
+        step.guarded = True
 
     # -- reporting and state -------------------------------------------------------------------------------------
     def metrics(self, predicted_loss: float) -> dict[str, float]:
         """The ``hybrid/*`` scalars of the step just ended (a quiet step's are read now)."""
         self.read_deferred()
-        return {**self.record.metrics(self.step, predicted_loss), **self.family.metrics(self.step)}
+        return {**self.record.metrics(self.step), **self.family.metrics(self.step, predicted_loss)}
 
     def summary(self) -> dict[str, Any]:
         """Whole-run numbers in the mode's words, with the settings it ran with, as written to
@@ -269,22 +283,11 @@ class HybridEngine:
         return {
             "mode": family.mode,
             "predictor": self.parts.predictor.name,
-            "settings": self.settings(),
+            "settings": family.settings(),
             **self.record.summary(family.phases),
             **family.summary(),
+            **({"stepped_aside": self.stepped_aside} if self.stepped_aside else {}),
         }
-
-    def settings(self) -> dict[str, Any]:
-        """Every setting this run's mode reads, with the value it ran with: the phase settings, the predictor's (or
-        rule's), the monitor's and, where the mode uses them, the corrector's and the bandit's."""
-        family, parts = self.family, self.parts
-        out = {name: getattr(self.config, name) for name in family.phase_settings}
-        out.update(setting_values(parts.predictor))
-        out.update({n: getattr(parts.monitor, n) for n in family.monitor_settings if hasattr(parts.monitor, n)})
-        for part in (parts.corrector if family.uses_corrector else None, parts.bandit):
-            if part is not None:
-                out.update(setting_values(part))
-        return out
 
     def state_dict(self) -> dict[str, Any]:
         return engine_state(self)

@@ -26,6 +26,7 @@ from lightning_hybrid.engine.policy import PredictionPolicy
 from lightning_hybrid.engine.record import RunRecord, StepRecord
 from lightning_hybrid.engine.store import ParameterStore
 from lightning_hybrid.phase import Phase
+from lightning_hybrid.settings import setting_values
 
 ALL_PHASE_SETTINGS = tuple(f.name for f in fields(HybridConfig))
 ALL_MONITOR_SETTINGS = tuple(inspect.signature(DivergenceCheck).parameters)
@@ -102,6 +103,11 @@ class PredictionFamily:
                 f"predictor={name!r} makes no Predict segments, so the HorizonBandit has nothing to choose: remove "
                 "it (`hybrid_callbacks(predictor=..., bandit=False)`, the default for such predictors)."
             )
+        if config.predict_memory != "none" and sharded:
+            raise ValueError(
+                f"predict_memory={config.predict_memory!r} is not supported with a sharded strategy (hybrid_fsdp): "
+                "its optimizer state is already sharded; use predict_memory='none'."
+            )
         if config.predict_memory != "none" and not cls.predicts_steps:
             raise ValueError(
                 f"predict_memory={config.predict_memory!r} frees memory during Predict segments, which "
@@ -171,8 +177,10 @@ class PredictionFamily:
         """Training ends, however it ends: undo anything unverified; leave the weights ``fit`` hands back."""
 
     # -- reporting and state -------------------------------------------------------------------------------------
-    def metrics(self, step: StepRecord) -> dict[str, float]:
-        """The family's ``hybrid/*`` scalars of the step just ended (charted by its TensorBoard layout)."""
+    def metrics(self, step: StepRecord, predicted_loss: float) -> dict[str, float]:
+        """The family's ``hybrid/*`` scalars of the step just ended (charted by its TensorBoard layout), given the
+        loss it expected for the step (``nan`` where none). Each is logged at every logging step, ``nan`` where it
+        has no value: Lightning would log a value it was given earlier again."""
         return {}
 
     def progress(self) -> dict[str, str]:
@@ -182,6 +190,18 @@ class PredictionFamily:
     def summary(self) -> dict[str, Any]:
         """The family's counters in ``hybrid_summary.json``, in its own words."""
         return {}
+
+    def settings(self) -> dict[str, Any]:
+        """Every setting this mode reads, with the value it runs with: the phase settings, the predictor's (or
+        rule's), the monitor's and, where the mode uses them, the corrector's and the bandit's."""
+        e, parts = self.engine, self.engine.parts
+        out = {name: getattr(e.config, name) for name in self.phase_settings}
+        out.update(setting_values(parts.predictor))
+        out.update({n: getattr(parts.monitor, n) for n in self.monitor_settings if hasattr(parts.monitor, n)})
+        for part in (parts.corrector if self.uses_corrector else None, parts.bandit):
+            if part is not None:
+                out.update(setting_values(part))
+        return out
 
     def report(self, summary: dict[str, Any]) -> list[str]:
         """The end-of-fit lines about what the family did, from its :meth:`summary`."""

@@ -20,6 +20,7 @@ from torch.optim import Optimizer
 
 from lightning_hybrid.engine.components import Monitor
 from lightning_hybrid.engine.interface import Collectives
+from lightning_hybrid.engine.optimizers import members
 from lightning_hybrid.engine.record import StepRecord
 from lightning_hybrid.summary import RunCounters
 
@@ -144,7 +145,8 @@ class StepGuard:
         if self.scaler is not None:
             torch._foreach_mul_(grads, torch.where(ok, self._one, self._nan))  # the scaler skips non-finite gradients
         else:
-            optimizer.found_inf, optimizer.grad_scale = skipped, None  # read by the fused step, as under AMP
+            for member in members(optimizer):  # read by each fused step, as under AMP
+                member.found_inf, member.grad_scale = skipped, None
         return values, skipped
 
     def _mask(self, values: Tensor) -> Tensor:
@@ -165,8 +167,8 @@ class StepGuard:
         return self._bound_now
 
     def step_done(self, optimizer: Optimizer) -> None:
-        """Take back the ``found_inf`` a quiet step handed the optimizer. A gradient scaler hands its own and takes
-        them back after the step, which is still running: they are left to it."""
+        """Take back the ``found_inf`` a quiet step handed ``optimizer``, which has just stepped. A gradient scaler
+        hands its own and takes them back after the step, which is still running: they are left to it."""
         if self.scaler is None:
             optimizer.__dict__.pop("found_inf", None)
             optimizer.__dict__.pop("grad_scale", None)

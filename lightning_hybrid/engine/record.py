@@ -32,6 +32,8 @@ class StepRecord:
     error: float = math.nan
     grad_norm: float = math.nan
     quiet: bool = False  # guarded on the device, read later (see :class:`Deferred`)
+    guarded: bool = False  # the guard has decided for this step (several optimizers: the first one's step)
+    backwards: int = 0  # backward passes in the step
     # a quiet step's reading: on the device, the guard's measurement and skip; read, [loss, grad_norm, nonfinite,
     # outlier]
     reading: tuple[Tensor, Tensor] | list[float] | None = None
@@ -67,22 +69,10 @@ class RunRecord:
         if step.backed_off:
             self.counters.backed_off_steps += 1
 
-    def metrics(self, step: StepRecord, predicted_loss: float) -> dict[str, float]:
-        """The ``hybrid/*`` scalars of a finished step that every family logs (the family adds its own): the phase,
-        the loss and, where the family expected one, the loss it predicted with its band. The band has zero width on
-        ordinary steps, where the one-step prediction carries no bound, so the value, lower and upper curves always
-        share their steps."""
-        metrics = {"hybrid/phase": float(step.phase)}
-        if math.isfinite(step.loss):
-            metrics["hybrid/loss"] = step.loss
-        if math.isfinite(predicted_loss):
-            band = step.band if math.isfinite(step.band) else 0.0
-            metrics["hybrid/loss_predicted"] = predicted_loss
-            metrics["hybrid/loss_predicted_lower"] = predicted_loss - band
-            metrics["hybrid/loss_predicted_upper"] = predicted_loss + band
-        if math.isfinite(step.error):
-            metrics["hybrid/prediction_error"] = step.error
-        return metrics
+    def metrics(self, step: StepRecord) -> dict[str, float]:
+        """The ``hybrid/*`` scalars of a finished step that every family logs (the family adds its own): the phase
+        and the loss (``nan`` where the step has none: a predicted step without a forward check)."""
+        return {"hybrid/phase": float(step.phase), "hybrid/loss": step.loss}
 
     def summary(self, phases: tuple[Phase, ...]) -> dict[str, Any]:
         out = self.counters.summary(phases)

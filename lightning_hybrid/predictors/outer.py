@@ -5,7 +5,7 @@ the verdict that keeps or undoes its jumps, so that everything the rule is set b
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -27,11 +27,11 @@ def _cosine_terms(params: TensorList, pairs: Iterable[tuple[Tensor, Tensor]]) ->
     return terms
 
 
-def _sum_sq(tensors: TensorList) -> Tensor:
-    """The squared norm of ``tensors`` together, in float32 (one fused norm)."""
+def _squares(tensors: TensorList) -> Tensor:
+    """Each tensor's squared norm, in float32 (one fused norm; empty where there are no tensors)."""
     if not tensors:
-        return torch.zeros((), dtype=torch.float32)
-    return torch.stack(torch._foreach_norm(tensors, dtype=torch.float32)).square().sum()
+        return torch.zeros(0, dtype=torch.float32)
+    return torch.stack(torch._foreach_norm(tensors, dtype=torch.float32)).square()
 
 
 class OuterMomentum(TrajectoryRule):
@@ -62,7 +62,7 @@ class OuterMomentum(TrajectoryRule):
         alignment_window: jumps whose mean alignment decides whether jumping goes on (0: it always does).
         keep_norms: scale each tensor back, after every jump, to the norm it had before it: jumps then change the
             weights' direction, not their scale (which, under normalization layers, sets the effective step of all
-            later training). Not under ``hybrid_fsdp``.
+            later training). Under ``hybrid_fsdp``, each tensor's whole norm from its shards'.
         restart: adaptive restart (O'Donoghue and Candès, 2015) at the cycle's scale: when a cycle's displacement
             points against the outer momentum (their cosine is at most 0), the momentum is reset and no jump is
             made, so that an oscillating run trains plainly instead of being pushed along a stale direction.
@@ -117,6 +117,7 @@ class OuterMomentum(TrajectoryRule):
         self._jump: list[Tensor] = []
         self._held: dict[str, HostHeld] = {}
         self._set_up = False
+        self.sum_across_ranks: Callable[[Tensor], Tensor] | None = None  # set by the engine where ranks hold shards
 
     @property
     def moves(self) -> bool:
@@ -164,16 +165,19 @@ class OuterMomentum(TrajectoryRule):
         for held in self._held.values():
             held.put_away()
 
-    def jump(self, params: list[Tensor], anchor: list[Tensor]) -> Tensor:
-        """The cycle's end: move ``params`` in place to the new anchor and leave it in ``anchor`` too. Returns
-        ``[|d|², |weights|²]`` over this rank's tensors (on the device; summed over ranks, the jump's size relative
-        to the weights), ``d`` the jump as the rule computes it, before ``keep_norms`` scales the tensors back.
+    def jump(self, params: list[Tensor], anchor: list[Tensor], measure: bool = True) -> Tensor | None:
+        """The cycle's end: move ``params`` in place to the new anchor and leave it in ``anchor`` too. With
+        ``measure``, returns ``[|d|², |weights|²]`` over every rank (on the device: the jump's size relative to the
+        weights), ``d`` the jump as the rule computes it, before ``keep_norms`` scales the tensors back.
 
         ``params += (1 - η) s - η μ b`` with ``b`` already updated by ``s``: the same point as
-        ``anchor - η (μ b + s)``, written as a displacement so that ``η = 1, μ = 0`` adds nothing.
+        ``anchor - η (μ b + s)``, written as a displacement so that ``η = 1, μ = 0`` adds nothing. On shards
+        (``sum_across_ranks`` set), each tensor's whole norm before and after is its shards' squared norms summed
+        over ranks: one collective a jump, with the size's terms.
         """
         eta, mu = self.outer_lr, self.outer_momentum
         b, kept = self._momentum(write=True), self._last_jump(fill=False)
+        sharded = self.sum_across_ranks is not None
         with torch.no_grad():
             torch._foreach_sub_(anchor, params)  # anchor := s
             if mu > 0:
@@ -182,24 +186,37 @@ class OuterMomentum(TrajectoryRule):
             torch._foreach_mul_(anchor, 1.0 - eta)  # anchor := the jump d = (1 - η) s - η μ b
             if mu > 0:
                 torch._foreach_add_(anchor, b, alpha=-eta * mu)
-            size = torch.stack([_sum_sq(anchor), _sum_sq(params)])
-            before = torch._foreach_norm(params) if self.keep_norms else None
+            size = _squares([*anchor, *params]).view(2, -1).sum(1) if measure else None  # one fused norm
+            before = (_squares(params) if sharded else torch._foreach_norm(params)) if self.keep_norms else None
             torch._foreach_add_(params, anchor)
             if kept:
                 torch._foreach_copy_(kept, anchor)
-            if before is not None:
+            if before is not None and sharded:
+                n = len(params)
+                total = self.sum_across_ranks(torch.cat([before, _squares(params), *([size] if measure else [])]))
+                norms = total[: 2 * n].sqrt()
+                self._scale_back(params, list(norms[:n].unbind()), kept, after=list(norms[n:].unbind()))
+                size = total[2 * n :] if measure else None
+            elif before is not None:
                 self._scale_back(params, before, kept)
+            elif sharded and measure:
+                size = self.sum_across_ranks(size)
             torch._foreach_copy_(anchor, params)
         self.put_away()
         return size
 
     @staticmethod
-    def _scale_back(params: list[Tensor], before: list[Tensor], kept: list[Tensor]) -> None:
-        """``params *= before / |params|`` per tensor; the kept jump becomes the move actually made,
-        ``d + params (1 - 1/scale)``, so that :meth:`undo` still lands on the weights before the jump."""
-        after = torch._foreach_norm(params)
+    def _scale_back(
+        params: list[Tensor], before: list[Tensor], kept: list[Tensor], after: list[Tensor] | None = None
+    ) -> None:
+        """``params *= before / |params|`` per tensor (``after``: those norms, summed over shards); the kept jump
+        becomes the move actually made, ``d + params (1 - 1/scale)``, so that :meth:`undo` still lands on the
+        weights before the jump."""
+        after = torch._foreach_norm(params) if after is None else after
         torch._foreach_clamp_min_(after, torch.finfo(params[0].dtype).tiny)
         scale = torch._foreach_div(before, after)
+        if scale[0].dtype != params[0].dtype:  # summed over shards in float32
+            scale = [s.to(p.dtype) for s, p in zip(scale, params)]
         torch._foreach_mul_(params, scale)
         if kept:
             torch._foreach_reciprocal_(scale)

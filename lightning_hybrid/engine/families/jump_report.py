@@ -46,21 +46,17 @@ class JumpReport:
             "blind_cycles": c.jumps_blind,
         }
 
-    def metrics(self, step: StepRecord) -> dict[str, float]:
+    def metrics(self, step: StepRecord, predicted_loss: float) -> dict[str, float]:
+        """The running counts, and the last decisions' readings (``nan`` until the first of each)."""
         out = {f"hybrid/{name}": float(value) for name, value in self.counts().items()}
         readings, rule = self.readings, self.engine.parts.predictor
-        if readings.verdict is not None:
-            before, after, margin = readings.verdict
-            out.update(
-                {"hybrid/verdict_before": before, "hybrid/verdict_after": after, "hybrid/verdict_margin": margin}
-            )
-        if readings.size is not None:
-            jump_sq, weights_sq = readings.size.tolist()
-            out["hybrid/jump_size"] = math.sqrt(jump_sq / weights_sq) if weights_sq > 0 else 0.0
-        if math.isfinite(readings.cycle_margin):
-            out["hybrid/cycle_margin"] = readings.cycle_margin
-            if rule.verify_resolution > 0:
-                out["hybrid/verify_resolution"] = rule.verify_resolution
+        before, after, margin = readings.verdict or (math.nan, math.nan, math.nan)
+        out.update({"hybrid/verdict_before": before, "hybrid/verdict_after": after, "hybrid/verdict_margin": margin})
+        jump_sq, weights_sq = readings.size.tolist() if readings.size is not None else (math.nan, math.nan)
+        out["hybrid/jump_size"] = math.sqrt(jump_sq / weights_sq) if weights_sq > 0 else math.nan
+        out["hybrid/cycle_margin"] = readings.cycle_margin
+        if rule.verify_resolution > 0 and rule.verify_window > 0:
+            out["hybrid/verify_resolution"] = rule.verify_resolution
         return out
 
     def progress(self) -> dict[str, str]:

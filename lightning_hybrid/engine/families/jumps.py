@@ -48,11 +48,6 @@ class OuterJumps(JumpReport, PredictionFamily):
     @classmethod
     def check(cls, config: HybridConfig, parts: Components, sharded: bool) -> None:
         super().check(config, parts, sharded)
-        if sharded and parts.predictor.keep_norms:
-            raise ValueError(
-                "OuterMomentum: `keep_norms=True` needs each tensor's whole norm, which a rank holding shards does "
-                "not have; use keep_norms=False under hybrid_fsdp."
-            )
         window = parts.predictor.verify_window
         if window > config.full_steps:
             raise ValueError(
@@ -73,8 +68,9 @@ class OuterJumps(JumpReport, PredictionFamily):
 
     def setup(self, restored: bool) -> None:
         """Unless a checkpoint has just restored the run's state, start afresh: a new anchor at the next Full step."""
-        store = self.engine.store
-        self.engine.parts.predictor.setup(store.params, keep_jump=self.verify_window > 0 or self.alignment_window > 0)
+        e, store = self.engine, self.engine.store
+        e.parts.predictor.sum_across_ranks = e.collectives.sum_across_ranks if e.collectives.sharded else None
+        e.parts.predictor.setup(store.params, keep_jump=self.verify_window > 0 or self.alignment_window > 0)
         if restored and self._pending_anchor is not None:
             store.load_buffer(self._pending_anchor)
         if not restored:
@@ -166,7 +162,7 @@ class OuterJumps(JumpReport, PredictionFamily):
         if e.store.trainable_changed():
             copy_(e.store.buffer, e.store.params)  # the cycle's end will track the new set
             return
-        self.readings.size = e.collectives.sum_across_ranks(e.parts.predictor.jump(e.store.params, e.store.buffer))
+        self.readings.size = e.parts.predictor.jump(e.store.params, e.store.buffer, measure=e.logs)  # over ranks
         e.collectives.parameters_changed()
         e.record.counters.jumps_made += 1
         e.policy.prediction_started()

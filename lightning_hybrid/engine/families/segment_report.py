@@ -21,9 +21,16 @@ class SegmentReport:
     factors: list[float]
     bandit_arm: int
 
-    def metrics(self, step: StepRecord) -> dict[str, float]:
+    def metrics(self, step: StepRecord, predicted_loss: float) -> dict[str, float]:
+        """The band has zero width on ordinary steps, where the one-step prediction carries no bound, so the value,
+        lower and upper curves always share their steps (which TensorBoard's margin chart needs)."""
         parts, counters = self.engine.parts, self.engine.record.counters
+        band = step.band if math.isfinite(step.band) else 0.0
         metrics = {
+            "hybrid/loss_predicted": predicted_loss,
+            "hybrid/loss_predicted_lower": predicted_loss - band,
+            "hybrid/loss_predicted_upper": predicted_loss + band,
+            "hybrid/prediction_error": step.error,
             "hybrid/confidence": parts.predictor.confidence(),
             "hybrid/horizon": float(self.horizon if step.phase is Phase.PREDICT else 0),
             "hybrid/correction_magnitude": max((abs(math.log(f)) for f in self.factors), default=0.0),
