@@ -8,6 +8,7 @@ import lightning as L
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lightning_hybrid import hybrid_callbacks
@@ -113,16 +114,18 @@ def test_state_on_host_makes_the_same_two_optimizer_run_bitwise():
 
 
 @pytest.mark.parametrize(("losses", "every"), [(2, 1), (1, 2)], ids=["two losses", "one optimizer every other batch"])
-def test_optimizers_that_do_not_step_together_on_one_loss_make_the_plugin_step_aside(losses, every):
+def test_optimizers_that_do_not_step_together_on_one_loss_make_the_plugin_step_aside(tmp_path, losses, every):
     """A generator and a discriminator (a loss and a backward pass each), or an optimizer that steps every other
     batch: not one trajectory. The plugin says so in the first batch and the fit is plain Lightning's, bitwise."""
     with pytest.warns(UserWarning, match="the plugin steps aside and the rest of this fit is plain Lightning"):
-        model, trainer, _ = _fit(MuonModel(losses=losses, every=every), steps=60)
+        model, trainer, _ = _fit(MuonModel(losses=losses, every=every), steps=60, logger=CSVLogger(tmp_path))
     summary, first = scheduler_of(trainer).summary(), 0 if every == 1 else 1  # the batch that showed it
     assert (
         summary["stepped_aside"].startswith(f"at step {first}: 2 optimizers took") and summary["steps_total"] == first
     )
     assert f"stepped aside at step {first}" in scheduler_of(trainer).report()
+    (written,) = tmp_path.rglob("hybrid_summary.json")  # the end of fit says it too
+    assert json.loads(written.read_text())["stepped_aside"] == summary["stepped_aside"]
     plain = MuonModel(losses=losses, every=every)
     L.Trainer(max_steps=60, logger=False, enable_checkpointing=False, enable_progress_bar=False).fit(plain, loader())
     assert torch.equal(flat_params(model), flat_params(plain))

@@ -175,8 +175,8 @@ class HybridScheduler(HybridComponent):
         self.engine.after_optimizer_step(optimizer)
 
     def _step_aside(self, reason: str) -> None:
-        """The run is not one the plugin can serve (found in its first batch): undo anything unverified and let
-        Lightning train the rest of the fit plainly, saying why."""
+        """The run is not one the plugin can serve (said by the first batch that shows it): undo anything
+        unverified and let Lightning train the rest of the fit plainly, saying why."""
         rank_zero_warn(f"hybrid: {reason}; the plugin steps aside and the rest of this fit is plain Lightning.")
         self.engine.step_aside(reason)
         for hook in self._hooks:
@@ -231,7 +231,7 @@ class HybridScheduler(HybridComponent):
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         summary = self.summary(trainer)
-        if summary["steps_total"] == 0:  # `max_epochs=0`, or no optimizer: nothing of the plugin's to report
+        if summary["steps_total"] == 0 and "stepped_aside" not in summary:  # `max_epochs=0`, or no optimizer
             return
         directory = self.summary_dir
         if directory is None and trainer.loggers:
