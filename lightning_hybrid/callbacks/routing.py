@@ -47,12 +47,6 @@ def predictor_settings(name: str) -> list[str]:
     return settings_of_chain(PREDICTORS[name])
 
 
-def every_setting() -> set[str]:
-    """Every setting any component or predictor takes."""
-    names = {n for owned in owned_settings().values() for n in owned}
-    return names.union(*(predictor_settings(p) for p in PREDICTORS))
-
-
 def unknown_setting(caller: str, name: str, accepted: list[str], predictor: str | None) -> str:
     """The message for a setting ``caller`` does not take: where it belongs, or the closest names it does take."""
     owners = [PLACES[o] for o, names in owned_settings().items() if name in names]
