@@ -5,7 +5,6 @@ app all route through here, so every surface answers alike."""
 from __future__ import annotations
 
 import typing
-from dataclasses import fields
 from typing import Any
 
 from typing_extensions import TypedDict
@@ -49,7 +48,7 @@ def predictor_settings(name: str) -> list[str]:
 
 def unknown_setting(caller: str, name: str, accepted: list[str], predictor: str | None) -> str:
     """The message for a setting ``caller`` does not take: where it belongs, or the closest names it does take."""
-    owners = [PLACES[o] for o, names in owned_settings().items() if name in names]
+    owners = [PLACES[o] for o in _owners_of(name)]
     rules = [p for p in PREDICTORS if name in predictor_settings(p)]
     if rules and predictor is not None and predictor not in rules:
         return f"{caller}: `{name}` is a setting of predictor={rules[0]!r}, not of predictor={predictor!r}"
@@ -110,14 +109,6 @@ def changed_from_default(component: Any, names: list[str]) -> dict[str, Any]:
     set, as far as an already built component can tell."""
     fresh = type(component)()
     return {n: getattr(component, n) for n in names if getattr(component, n) != getattr(fresh, n)}
-
-
-def config_changes(config: HybridConfig) -> dict[str, Any]:
-    """The phase settings of ``config`` that differ from their defaults."""
-    fresh = HybridConfig()
-    return {
-        f.name: getattr(config, f.name) for f in fields(config) if getattr(config, f.name) != getattr(fresh, f.name)
-    }
 
 
 def _hints(init: Any) -> dict[str, Any]:

@@ -15,10 +15,10 @@ from torch import nn
 
 from lightning_hybrid.callbacks.base import HybridComponent
 from lightning_hybrid.callbacks.corrector import ResidualCorrector
-from lightning_hybrid.callbacks.routing import changed_from_default, config_changes, ignored, ignored_message, mode_of
+from lightning_hybrid.callbacks.routing import changed_from_default, ignored, ignored_message, mode_of
 from lightning_hybrid.config import HybridConfig
 from lightning_hybrid.engine import PredictionFamily
-from lightning_hybrid.engine.family import ALL_MONITOR_SETTINGS
+from lightning_hybrid.engine.family import ALL_MONITOR_SETTINGS, ALL_PHASE_SETTINGS
 
 
 def find_component(
@@ -91,7 +91,10 @@ def warn_ignored(
 ) -> None:
     """Settings changed from their defaults that this mode does not read (and ``hybrid_callbacks`` has not already
     said so of): say so before training."""
-    given = {"config": config_changes(config), "monitor": changed_from_default(monitor, list(ALL_MONITOR_SETTINGS))}
+    given = {
+        "config": changed_from_default(config, list(ALL_PHASE_SETTINGS)),
+        "monitor": changed_from_default(monitor, list(ALL_MONITOR_SETTINGS)),
+    }
     names = [n for n in ignored(family, given) if n not in told]
     if names:
         rank_zero_warn(ignored_message(family, predictor, names))

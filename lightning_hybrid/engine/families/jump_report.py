@@ -91,16 +91,14 @@ class JumpReport:
         if not settings["enable_prediction"]:
             return ["hybrid: jumps switched off (enable_prediction=False): plain training with the plugin's checks"]
         made, undone, at_end = summary["jumps_made"], summary["jumps_undone"], summary["jumps_undone_at_end"]
-        line = f"hybrid: {counted(made, 'jump')} made, {summary['jumps_kept']} kept, {undone} undone"
-        if settings["verify_window"] == 0:
-            line = f"hybrid: {counted(made, 'jump')} made, none judged (verify_window=0)"
+        judged = "none judged (verify_window=0)"
+        if settings["verify_window"]:
+            judged = f"{summary['jumps_kept']} kept, {undone} undone"
+        line = f"hybrid: {counted(made, 'jump')} made, {judged}"
         if at_end:
             line += f" ({at_end} at the end of fit, before its verdict)"
-        without = [
-            counted(summary["momentum_restarts"], "cycle") + " restarted the momentum instead",
-            counted(summary["blind_cycles"], "cycle") + " too noisy to judge a jump",
-        ]
-        said = [w for w, n in zip(without, (summary["momentum_restarts"], summary["blind_cycles"])) if n]
+        without = {"momentum_restarts": "restarted the momentum instead", "blind_cycles": "too noisy to judge a jump"}
+        said = [f"{counted(summary[key], 'cycle')} {what}" for key, what in without.items() if summary[key]]
         lines = [line + (f"; {'; '.join(said)}" if said else "")]
         if summary["jumps_switched_off"]:
             lines.append(
