@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from lightning_hybrid.demos.char_gpt import byte_ids, stdlib_corpus
 from lightning_hybrid.demos.digits_cnn import DigitsData
@@ -91,6 +92,24 @@ def test_the_demos_report_torchmetrics_validation_metrics():
     digits = L.Trainer(max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False)
     result = digits.validate(DigitsCNN(), DigitsData(), verbose=False)[0]
     assert 0.0 <= result["val_acc"] <= 1.0
+
+
+def test_the_gpt_demos_fuse_adamw_where_fused_says():
+    """``fused``: None fuses AdamW on GPUs only (so on this CPU, not), True or False as given, anything else is
+    refused by name; MuonGPT's AdamW follows it too."""
+    from lightning_hybrid.demos.char_gpt import CharGPT
+    from lightning_hybrid.demos.muon_gpt import MuonGPT
+
+    def fused(model):
+        optimizers = model.configure_optimizers()
+        optimizers = optimizers[0] if isinstance(optimizers, tuple) else [optimizers["optimizer"]]
+        return [opt.defaults.get("fused") for opt in optimizers if isinstance(opt, torch.optim.AdamW)]
+
+    assert fused(CharGPT(n_layer=1, n_embd=32)) == [False]
+    assert fused(CharGPT(n_layer=1, n_embd=32, fused=True)) == [True]
+    assert fused(MuonGPT(n_layer=1, n_embd=32, fused=True)) == [True]
+    with pytest.raises(ValueError, match=r"CharGPT: `fused` must be True, False or None .*got 'yes'"):
+        CharGPT(fused="yes")
 
 
 @pytest.mark.slow

@@ -25,8 +25,12 @@ def test_the_dry_run_runs_every_part_and_a_second_call_resumes(tmp_path):
     assert set(mechanics["offload"]) == {"none", "offload", "aggressive"}
     assert set(mechanics["outer_memory"]) == {"plain", "outer_norm_restart", "state_on_host"}
     assert mechanics["outer_memory"]["state_on_host"]["jumps_made"] >= 2
-    overheads = json.loads((tmp_path / "overheads.json").read_text())["result"]["1M"]
-    assert set(overheads["hybrid_over_plain"]) == set(gpu.OVERHEAD_MODES) and overheads["clock"] == "cpu_s"
+    overheads = json.loads((tmp_path / "overheads.json").read_text())["result"]
+    assert set(overheads) == set(gpu.OVERHEAD_CELLS)
+    for cell, (_, _, modes) in gpu.OVERHEAD_CELLS.items():
+        assert set(overheads[cell]["hybrid_over_plain"]) == set(modes) and overheads[cell]["clock"] == "cpu_s"
+        kept = overheads[cell]["kept"]  # each mode did what it is named for: no jump, or a jump made
+        assert kept["default_aside"] == [{"jumps": 0, "blind": 1}] and kept["default_jumping"][0]["jumps"] >= 1
     record = json.loads((tmp_path / "quality.json").read_text())
     # both rates x 3 seeds x (plain, the default): the dry run plans every rate
     assert record["complete"] and len(record["runs"]) == len(gpu.QUALITY_RATES) * gpu.QUALITY_SEEDS * 2
@@ -40,20 +44,39 @@ def test_the_dry_run_runs_every_part_and_a_second_call_resumes(tmp_path):
 
 
 def test_the_plan_fits_one_call_and_is_printed_before_anything_runs(capsys, monkeypatch):
-    """The call's two parts fit ``BUDGET_MIN`` on an H100 by the plan's own estimate, the tuned rate always runs,
+    """The call's two parts fit ``BUDGET_MIN`` on an H200 by the plan's own estimate, the tuned rate always runs,
     and ``main`` prints the plan first."""
     rows = gpu.plan()
     assert [part for part, _, _ in rows][:3] == ["overheads", "overheads", "quality"]
     assert sum(minutes for _, _, minutes in rows) <= gpu.BUDGET_MIN <= 9.0
     assert gpu.quality_rates()[0] == 1.0 and gpu.quality_rates(dry=True) == list(gpu.QUALITY_RATES)
-    tuned = {f"lr{gpu.QUALITY_LR:.3g}_seed{s}_{c}": {} for s in range(gpu.QUALITY_SEEDS) for c in ("plain", "default")}
-    done = {"overheads": {"result": {"25M": {}}}, "quality": {"runs": tuned}}
+    done = {"overheads": {"result": {"85M": {}}}, "quality": {"runs": _runs(gpu.QUALITY_LR)}}
     second = gpu.plan(done=done)  # the next call: what the first had no room for
     assert [what for _, what, _ in second] == [f"85M at {gpu.QUALITY_LR / 3:.3g}: plain and the default, 3 seeds"]
     monkeypatch.setattr(gpu, "run", lambda *args: {"mechanics": {}, "overheads": {}, "quality": {}})
     gpu.main(["--dry-run", "--out", "unused"])
     printed = capsys.readouterr().out
     assert printed.startswith("plan (dry run") and "total ~" in printed.split("# The GPU")[0]
+
+
+def _runs(lr: float) -> dict[str, dict]:
+    """A quality record's runs at ``lr``, every seed, as the part names them."""
+    return {f"lr{lr:.3g}_seed{s}_{c}": {} for s in range(gpu.QUALITY_SEEDS) for c in ("plain", "default")}
+
+
+def test_a_rate_added_to_the_plan_runs_although_the_record_says_complete(tmp_path, monkeypatch):
+    """A record completed under another rate (the tuned rate moved) still runs the rates it lacks; one holding
+    every planned rate runs nothing."""
+    tuned, third = _runs(gpu.QUALITY_LR), _runs(gpu.QUALITY_LR / 3)
+    (tmp_path / "quality.json").write_text(json.dumps({"runs": tuned, "complete": True}))
+    (tmp_path / "overheads.json").write_text(json.dumps({"result": {"85M": {}}}))
+    asked: list[list[float]] = []
+    monkeypatch.setattr(gpu, "quality", lambda call, record, save, rates: asked.append(rates) or record)
+    gpu.run(["overheads", "quality"], tmp_path, budget_min=1, dry=False)
+    assert asked == [[1.0, 1 / 3]]  # the missing third is planned; the tuned rate's runs are not repeated
+    (tmp_path / "quality.json").write_text(json.dumps({"runs": tuned | third}))
+    gpu.run(["overheads", "quality"], tmp_path, budget_min=1, dry=False)
+    assert len(asked) == 1
 
 
 def test_a_failing_part_is_recorded_and_the_others_still_run(tmp_path, monkeypatch):
@@ -72,7 +95,7 @@ def test_the_overheads_sizes_are_the_harness_sizes_and_85m_is_the_gpt2_task(tmp_
     from benchmarks.harness import SIZES, gpt_config
     from benchmarks.tasks import compose_run
 
-    assert set(gpu.OVERHEAD_SIZES) <= set(SIZES)
+    assert {size for size, _, _ in gpu.OVERHEAD_CELLS.values()} <= set(SIZES)
     ours = gpt_config("85M", 10, str(tmp_path), [])
     task = compose_run("char_gpt_gpt2", "quick", 0, [], str(tmp_path))
     for key in ("n_layer", "n_head", "n_embd"):

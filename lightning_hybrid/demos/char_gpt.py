@@ -127,10 +127,13 @@ class CharGPT(L.LightningModule):
         max_steps: int = 600,
         schedule: str = "cosine",
         decay_fraction: float = 0.2,
+        fused: bool | None = None,
     ) -> None:
         super().__init__()
         check_choice("CharGPT", "schedule", schedule, SCHEDULES)
         check_float("CharGPT", "decay_fraction", decay_fraction, 0.0, 1.0, open_low=True)
+        if fused is not None and not isinstance(fused, bool):
+            raise ValueError(f"CharGPT: `fused` must be True, False or None (fused on GPUs), got {fused!r}")
         self.save_hyperparameters()
         self.tok = nn.Embedding(256, n_embd)
         self.pos = nn.Embedding(block_size, n_embd)
@@ -156,11 +159,15 @@ class CharGPT(L.LightningModule):
         self.val_perplexity(logits, y)
         self.log("val_ppl", self.val_perplexity)  # accumulated over the epoch, synced across ranks
 
+    def _fused(self) -> bool:
+        """AdamW fused where ``fused`` says; by default on GPUs, as nanoGPT does: faster, and it takes the
+        device-side skip of idle hybrid steps (``fused=False`` is torch's default AdamW, every step read)."""
+        fused = self.hparams.get("fused")
+        return self.device.type == "cuda" if fused is None else fused
+
     def configure_optimizers(self) -> dict:
         hp = self.hparams
-        # fused on GPUs, as nanoGPT does: faster, and it takes the device-side skip of idle hybrid steps
-        fused = self.device.type == "cuda"
-        opt = torch.optim.AdamW(self.parameters(), lr=hp.lr, weight_decay=0.01, fused=fused)
+        opt = torch.optim.AdamW(self.parameters(), lr=hp.lr, weight_decay=0.01, fused=self._fused())
 
         sched = torch.optim.lr_scheduler.LambdaLR(
             opt, partial(lr_factor, hp.schedule, hp.warmup_steps, hp.max_steps, hp.decay_fraction)

@@ -41,6 +41,6 @@ class MuonGPT(CharGPT):
         chosen = {id(p) for p in hidden}
         rest = [p for p in self.parameters() if id(p) not in chosen]
         muon = torch.optim.Muon(hidden, lr=hp.lr, weight_decay=0.01, adjust_lr_fn="match_rms_adamw")
-        adamw = torch.optim.AdamW(rest, lr=hp.lr, weight_decay=0.01, fused=self.device.type == "cuda")
+        adamw = torch.optim.AdamW(rest, lr=hp.lr, weight_decay=0.01, fused=self._fused())
         schedule = partial(lr_factor, hp.schedule, hp.warmup_steps, hp.max_steps, hp.decay_fraction)
         return [muon, adamw], [torch.optim.lr_scheduler.LambdaLR(opt, schedule) for opt in (muon, adamw)]
