@@ -18,6 +18,13 @@ def check_bool(owner: str, name: str, value: Any) -> bool:
     return value
 
 
+def check_optional_bool(owner: str, name: str, value: Any, none_means: str = "") -> bool | None:
+    """``True``, ``False`` or ``None`` (a choice made later, which ``none_means`` names in the message)."""
+    if value is not None and not isinstance(value, bool):
+        raise _fail(owner, name, value, "True, False or None" + (f" ({none_means})" if none_means else ""))
+    return value
+
+
 def check_int(owner: str, name: str, value: Any, minimum: int = 0) -> int:
     """An integer (bools refused) no smaller than ``minimum``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:

@@ -27,7 +27,7 @@ from lightning_hybrid.config import HybridConfig
 from lightning_hybrid.engine import family_of
 from lightning_hybrid.predictors import PREDICTORS, AnyPredictor, Predictor, TrajectoryRule
 from lightning_hybrid.settings import settings_of_chain
-from lightning_hybrid.validation import check_choice
+from lightning_hybrid.validation import check_choice, check_optional_bool
 
 
 def hybrid_callbacks(
@@ -48,8 +48,7 @@ def hybrid_callbacks(
     per-step setting under ``outer``) is checked and warned about. The per-step mode's components (the corrector,
     the bandit) are listed only for the per-step predictors.
     """
-    if bandit is not None and not isinstance(bandit, bool):
-        raise ValueError(f"hybrid_callbacks: `bandit` must be True, False or None, got {bandit!r}")
+    check_optional_bool("hybrid_callbacks", "bandit", bandit)
     named = not isinstance(predictor, (Predictor, TrajectoryRule))
     if named:
         check_choice("hybrid_callbacks", "predictor", predictor, PREDICTORS)

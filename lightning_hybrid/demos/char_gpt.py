@@ -18,7 +18,7 @@ from torch import nn
 from torchmetrics.text import Perplexity
 
 from lightning_hybrid.demos.splits import SplitData, TokenWindows
-from lightning_hybrid.validation import check_choice, check_float
+from lightning_hybrid.validation import check_choice, check_float, check_optional_bool
 
 # ----------------------------------------------------------------------------------------------------- data
 
@@ -132,8 +132,7 @@ class CharGPT(L.LightningModule):
         super().__init__()
         check_choice("CharGPT", "schedule", schedule, SCHEDULES)
         check_float("CharGPT", "decay_fraction", decay_fraction, 0.0, 1.0, open_low=True)
-        if fused is not None and not isinstance(fused, bool):
-            raise ValueError(f"CharGPT: `fused` must be True, False or None (fused on GPUs), got {fused!r}")
+        check_optional_bool("CharGPT", "fused", fused, "fused on GPUs")
         self.save_hyperparameters()
         self.tok = nn.Embedding(256, n_embd)
         self.pos = nn.Embedding(block_size, n_embd)

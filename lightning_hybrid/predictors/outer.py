@@ -13,7 +13,7 @@ from torch import Tensor
 
 from lightning_hybrid.offload import HostHeld, host_copies
 from lightning_hybrid.predictors.rules import TensorList, TrajectoryRule, load_into
-from lightning_hybrid.validation import check_bool, check_float, check_int
+from lightning_hybrid.validation import check_bool, check_float, check_int, check_optional_bool
 
 
 def _cosine_terms(params: TensorList, pairs: Iterable[tuple[Tensor, Tensor]]) -> Tensor:
@@ -104,11 +104,7 @@ class OuterMomentum(TrajectoryRule):
         self.alignment_window = check_int("OuterMomentum", "alignment_window", alignment_window, 0)
         self.keep_norms = check_bool("OuterMomentum", "keep_norms", keep_norms)
         self.restart = check_bool("OuterMomentum", "restart", restart)
-        if state_on_host is not None and not isinstance(state_on_host, bool):
-            raise ValueError(
-                f"OuterMomentum: `state_on_host` must be True, False or None (on CUDA), got {state_on_host!r}"
-            )
-        self.state_on_host = state_on_host
+        self.state_on_host = check_optional_bool("OuterMomentum", "state_on_host", state_on_host, "on CUDA")
         self.verify_window = check_int("OuterMomentum", "verify_window", verify_window, 0)
         self.verify_sigmas = check_float("OuterMomentum", "verify_sigmas", verify_sigmas, 0.0, open_low=True)
         self.verify_resolution = check_float("OuterMomentum", "verify_resolution", verify_resolution, 0.0)
