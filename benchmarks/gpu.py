@@ -269,6 +269,11 @@ def _rate_done(runs: dict[str, Any], factor: float) -> bool:
     return all(f"lr{lr:.3g}_seed{s}_{c}" in runs for s in range(QUALITY_SEEDS) for c in ("plain", "default"))
 
 
+def _complete(runs: dict[str, Any]) -> bool:
+    """Whether ``runs`` hold every planned rate (a record completed under another rate plan may not)."""
+    return all(_rate_done(runs, factor) for factor in QUALITY_RATES)
+
+
 def quality_rates(dry: bool = False, done: dict[str, Any] | None = None) -> list[float]:
     """The quality part's rates this call runs (factors of ``QUALITY_LR``), in order, while the call's estimate
     stays within ``BUDGET_MIN`` (every one in a dry run): what ``done`` (the results so far) holds costs nothing,
@@ -306,7 +311,7 @@ def plan(dry: bool = False, done: dict[str, Any] | None = None) -> list[tuple[st
 def overheads(call: Call) -> dict[str, Any]:
     """Plain Lightning and each mode alternating in this process, ``OVERHEAD_ROUNDS`` rounds, per cell: the steady
     step's wall time over plain's, with a clock that synchronises only where its window starts and ends."""
-    common = ["model.n_layer=1", "model.n_embd=32"] if call.dry else ["trainer=gpu"]  # bf16, plain's runs too
+    common = TINY_GPT if call.dry else ["trainer=gpu"]  # bf16, plain's runs too
     steps, rounds = (65, 1) if call.dry else (OVERHEAD_STEPS, OVERHEAD_ROUNDS)  # 65: a jump, judged
     out = {}
     for cell, (size, extra, modes) in OVERHEAD_CELLS.items():
@@ -331,7 +336,7 @@ def quality(call: Call, record: dict[str, Any], save: Callable[[], None], rates:
                     runs[key] = fit(cfg, hybrid=config == "default").to_dict()
                     save()
     record["comparisons"] = _comparisons(runs, [f for f in QUALITY_RATES if _rate_done(runs, f)])
-    return record | {"complete": all(_rate_done(runs, f) for f in QUALITY_RATES)}
+    return record | {"complete": _complete(runs)}
 
 
 def _comparisons(runs: dict[str, Any], rates: list[float]) -> dict[str, Any]:
@@ -399,7 +404,7 @@ def run(parts: list[str], out: Path, budget_min: float, dry: bool) -> dict[str, 
             elif part == "overheads" and not done["overheads"].get("result"):
                 done["overheads"] = {"result": _attempt(overheads, call), "machine": machine()}
                 _write(overheads_file, done["overheads"])
-            elif part == "quality" and not all(_rate_done(done["quality"].get("runs", {}), f) for f in QUALITY_RATES):
+            elif part == "quality" and not _complete(done["quality"].get("runs", {})):
                 record = done["quality"]
 
                 def save(record: dict[str, Any] = record) -> None:
