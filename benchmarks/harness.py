@@ -4,6 +4,7 @@ and from the task, curve, report and peer modules; none imports another driver."
 
 from __future__ import annotations
 
+import hashlib
 import platform
 import re
 import statistics
@@ -18,8 +19,8 @@ import lightning as L
 import torch
 from omegaconf import open_dict
 
-from benchmarks.curves import AXES, Curve, CurveRecorder, Point, time_to_target, value_at
-from benchmarks.tasks import TASKS, Length, compose_run, trainer_steps
+from benchmarks.curves import AXES, Curve, CurveRecorder, Point, overfits, rise_at_end, time_to_target, value_at
+from benchmarks.tasks import TASKS, Length, check_passes, compose_run, trainer_steps
 from lightning_hybrid.callbacks import find_scheduler
 from lightning_hybrid.runner import build_run
 
@@ -78,7 +79,7 @@ IDLE_MODES = {  # hybrid runs that never predict: tracking every update or one i
 # -- one fit and its record ----------------------------------------------------------------------------------------
 @dataclass
 class Record:
-    """One fit: its curve and what the plugin counted."""
+    """One fit: its curve, the data it read and what the plugin counted."""
 
     curve: Curve
     device: str
@@ -88,6 +89,7 @@ class Record:
     segments_started: int = 0
     peak_cuda_allocated_bytes: int | None = None
     jumps_blind: int = 0  # cycle ends whose losses were too noisy for the verdict to judge a jump
+    data: dict[str, Any] | None = None  # DataRecord's: passes over the training data, its size and hash
 
     def to_dict(self) -> dict[str, Any]:
         keys = (
@@ -98,8 +100,38 @@ class Record:
             "segments_started",
             "peak_cuda_allocated_bytes",
             "jumps_blind",
+            "data",
         )
         return {k: getattr(self, k) for k in keys} | self.curve.to_dict()
+
+
+class DataRecord(L.Callback):
+    """What a run reads, recorded as training starts: the passes over its training data that its ``max_steps``
+    make, the training set's size and its SHA-256 (byte or word ids, where the set holds them). A run making more
+    passes than its task declares (``cfg.benchmark``, set by ``compose_run``) is refused there, before it trains."""
+
+    def __init__(self, task: str | None = None) -> None:
+        self.task = task
+        self.record: dict[str, Any] = {}
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        batches = trainer.max_steps // max(1, len(trainer.optimizers))
+        per_pass = trainer.num_training_batches
+        passes = batches / per_pass if per_pass and per_pass != float("inf") else None
+        train_set = getattr(trainer.datamodule, "train_set", None)
+        ids = getattr(train_set, "ids", None)
+        self.record = {"passes": passes, "batches_per_pass": per_pass, "train_items": _length(train_set)}
+        if isinstance(ids, torch.Tensor):
+            self.record |= {"train_tokens": ids.numel(), "sha256": hashlib.sha256(ids.numpy().tobytes()).hexdigest()}
+        if self.task is not None and passes is not None:
+            check_passes(self.task, passes)
+
+
+def _length(dataset: Any) -> int | None:
+    try:
+        return len(dataset)
+    except TypeError:
+        return None
 
 
 def fit_measured(cfg: Any, hybrid: bool, callbacks: list[Any] | None = None) -> tuple[Any, int | None]:
@@ -113,11 +145,11 @@ def fit_measured(cfg: Any, hybrid: bool, callbacks: list[Any] | None = None) -> 
 
 
 def fit(cfg: Any, hybrid: bool, stop: Any = None, callbacks: Sequence[Any] = ()) -> Record:
-    recorder = CurveRecorder(cfg.monitor, stop)
-    trainer, peak = fit_measured(cfg, hybrid, [recorder, *callbacks])
+    recorder, data = CurveRecorder(cfg.monitor, stop), DataRecord(cfg.get("benchmark", {}).get("task"))
+    trainer, peak = fit_measured(cfg, hybrid, [recorder, data, *callbacks])
     scheduler = find_scheduler(trainer)
     steps = trainer.global_step // max(1, len(trainer.optimizers))  # batches: a step per optimizer each
-    record = Record(recorder.curve, trainer.strategy.root_device.type, steps)
+    record = Record(recorder.curve, trainer.strategy.root_device.type, steps, data=data.record)
     record.peak_cuda_allocated_bytes = peak
     if scheduler is not None:
         counters = scheduler.counters
@@ -128,13 +160,17 @@ def fit(cfg: Any, hybrid: bool, stop: Any = None, callbacks: Sequence[Any] = ())
 
 
 def compare_seed(baseline: Record, hybrid: Record, steps: int) -> dict[str, Any]:
-    """Everything the report says about one seed; ``None`` wherever hybrid did not get there."""
+    """Everything the report says about one seed; ``None`` wherever hybrid did not get there, and no time to
+    target at all where plain's curve turned up at its end (``overfitting``: its final loss is no target)."""
     target = baseline.curve.points[-1].val_loss
+    overfitting = overfits(baseline.curve.losses)
     result: dict[str, Any] = {"target": target, "to_target": {}, "loss_ratio_equal_time": {}}
+    result |= {"overfitting": overfitting, "plain_rise": rise_at_end(baseline.curve.losses)}
     for axis in AXES:
         b = time_to_target(baseline.curve.axis(axis), baseline.curve.losses, target)
         h = time_to_target(hybrid.curve.axis(axis), hybrid.curve.losses, target)
-        result["to_target"][axis] = {"baseline": b, "hybrid": h, "speedup": b / h if h else None}
+        speedup = b / h if h and not overfitting else None
+        result["to_target"][axis] = {"baseline": b, "hybrid": h, "speedup": speedup}
         at = value_at(hybrid.curve.axis(axis), hybrid.curve.losses, getattr(baseline.curve.points[-1], axis))
         result["loss_ratio_equal_time"][axis] = None if at is None else at / target
     at_steps = hybrid.curve.at_step(steps)
@@ -184,6 +220,18 @@ def record_from(data: dict[str, Any]) -> Record:
     return Record(curve, data["device"], data["steps"], data["backward_skipped_pct"], data["rollbacks"])
 
 
+def flag_overfitting(result: dict[str, Any]) -> dict[str, Any]:
+    """``result`` (a ``run`` result file's) with every seed judged for overfitting and its summary made again: files
+    written before the flag existed give time to target where plain's curve turned up."""
+    for seed in result["seeds"]:
+        losses = [p["val_loss"] for p in seed["baseline"]["points"]]
+        seed["overfitting"], seed["plain_rise"] = overfits(losses), rise_at_end(losses)
+        if seed["overfitting"]:
+            for axis in seed["to_target"].values():
+                axis["speedup"] = None
+    return result | {"summary": summarize(result)}
+
+
 def summarize(result: dict[str, Any]) -> dict[str, Any]:
     """Median and range over seeds of each reported figure, on the seeds' headline clock."""
     seeds = result["seeds"]
@@ -191,14 +239,16 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
 
     def spread(values: list[float | None]) -> dict[str, Any]:
         known = [v for v in values if v is not None]
-        if len(known) < len(values):
+        if not values or len(known) < len(values):
             return {"median": None, "min": None, "max": None, "missing": len(values) - len(known)}
         return {"median": statistics.median(known), "min": min(known), "max": max(known), "missing": 0}
 
+    judged = [s for s in seeds if not s.get("overfitting")]  # plain's final loss is a target
     return {
         "clock": clock,
-        "speedup": spread([s["to_target"][clock]["speedup"] for s in seeds]),
-        "backward_ratio": spread([s["to_target"]["backward"]["speedup"] for s in seeds]),
+        "overfitting": len(seeds) - len(judged),
+        "speedup": spread([s["to_target"][clock]["speedup"] for s in judged]),
+        "backward_ratio": spread([s["to_target"]["backward"]["speedup"] for s in judged]),
         "loss_ratio_equal_steps": spread([s["loss_ratio_equal_steps"] for s in seeds]),
         "loss_ratio_equal_time": spread([s["loss_ratio_equal_time"][clock] for s in seeds]),
         "backward_skipped_pct": spread([s["hybrid"]["backward_skipped_pct"] for s in seeds]),

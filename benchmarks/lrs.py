@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from omegaconf import open_dict
 
-from benchmarks.curves import time_to_target, value_at
+from benchmarks.curves import overfits, time_to_target, value_at
 from benchmarks.harness import (
     HYBRID,
     RESULTS,
@@ -216,10 +216,11 @@ def seed_rows(task: str, lr: float, config: str, best: float) -> list[dict[str, 
             continue
         ours, theirs = json.loads(base.read_text()), json.loads(other.read_text())
         b, o = record_from(ours), record_from(theirs)
-        target, steps = b.curve.losses[-1], b.curve.points[-1].step
+        target, steps = b.curve.losses[-1], b.curve.points[-1].step  # no target where plain overfits (``_times``)
         at = value_at([p.step for p in o.curve.points], o.curve.losses, steps)
         cost = value_at([p.step for p in o.curve.points], o.curve.axis("cpu_s"), steps)  # probes included
         row = {"seed": seed, **_ratios(b, o, target), "loss": None if at is None else at / target}
+        row["overfit"] = overfits(b.curve.losses)
         row["cost"] = None if cost is None else cost / b.curve.points[-1].cpu_s
         row["hours_apart"], row["other_host"] = _hours_apart(ours, theirs), _other_host(ours, theirs)
         rows.append(row | {"kept": theirs["segments_started"]})  # search: the line-search steps it kept
@@ -267,6 +268,23 @@ def _cell(values: list[float | None], fmt: str = ".2f", suffix: str = "x") -> st
     return f"{middle:{fmt}}{suffix} ({spread}" + (f"; not reached in {missing} of {len(values)})" if missing else ")")
 
 
+def _times(rows: list[dict], axis: str) -> list[float | None]:
+    """The seeds' times to target on ``axis``, leaving out the seeds whose plain run overfits (no target there)."""
+    return [r[axis] for r in rows if not r.get("overfit")]
+
+
+def _untargeted(rows: list[dict]) -> bool:
+    """Whether plain overfits in every seed of a cell: then nothing there has a time to target."""
+    return all(r.get("overfit") for r in rows)
+
+
+def _time_cell(rows: list[dict], axis: str) -> str:
+    over = sum(bool(r.get("overfit")) for r in rows)
+    if over == len(rows):
+        return f"none: plain overfits in {over} of {over}"
+    return _cell(_times(rows, axis)) + (f"; plain overfits in {over} of {len(rows)}" if over else "")
+
+
 def _apart(rows: list[dict]) -> bool:
     return any((r.get("hours_apart") or 0) > APART_HOURS for r in rows)
 
@@ -299,7 +317,7 @@ def task_table(task: str) -> tuple[str, dict[str, dict[float, list[dict]]]]:
             found.setdefault(config, {})[lr] = rows
             name = "plain at the tuned lr" if config == "tuned" else _label(config)
             rate = f"{lr:.3g}{' (tuned)' if lr == best else ''}"
-            cells = [_cell([r[axis] for r in rows]) for axis in AXES]
+            cells = [_time_cell(rows, axis) for axis in AXES]
             cells += [_cell([r[key] for r in rows], ".3f", "") for key in ("loss", "cost")]
             lines.append(f"| {rate} | {name} | {len(rows)} | " + " | ".join(cells) + " |")
     apart = [(c, lr) for c, by_lr in found.items() if c != "tuned" for lr, rows in by_lr.items() if _apart(rows)]
@@ -343,7 +361,7 @@ def _median(rows: list[dict], key: str) -> float | None:
 def _floor(rows: list[dict]) -> tuple[str, float | None, float | None, bool]:
     """The clock a cell is judged on, its median time and loss, and whether they hold the floor."""
     clock = "backward" if _apart(rows) else "cpu_s"
-    time, loss = _median(rows, clock), _median(rows, "loss")
+    time, loss = _median_of(_times(rows, clock)), _median(rows, "loss")
     return clock, time, loss, time is not None and time >= FLOOR_TIME and loss is not None and loss <= FLOOR_LOSS
 
 
@@ -375,14 +393,17 @@ def floor_summary(found_by_task: dict[str, dict[str, dict[float, list[dict]]]]) 
         " missed too:",
         "",
         "| configuration | cells measured | floor held | missed where no control missed"
-        " | missed (task at lr: time, loss; the control's there) |",
-        "|---|---|---|---|---|",
+        " | missed (task at lr: time, loss; the control's there) | no target: plain overfits in every seed |",
+        "|---|---|---|---|---|---|",
     ]
     for config in (*HYBRID, *RETIRED, *CONTROLS):
-        held, own, missed = 0, 0, []
+        held, own, missed, untargeted = 0, 0, [], []
         for task, found in found_by_task.items():
             best = tuned(task)
             for lr, rows in sorted(found.get(config, {}).items()):
+                if _untargeted(rows):
+                    untargeted.append(f"{task} at {_rate(lr, best)}")
+                    continue
                 ok = _floor(rows)[3]
                 held += ok
                 if not ok:
@@ -393,9 +414,10 @@ def floor_summary(found_by_task: dict[str, dict[str, dict[float, list[dict]]]]) 
                     other = _hosts(rows)
                     hosts = f" [baseline on another machine: {other}]" if other else ""
                     missed.append(f"{task} at {_rate(lr, best)}: {_said(rows)}{hosts}{beside}")
-        cells = held + len(missed)
+        cells = held + len(missed) + len(untargeted)
         if cells:
-            lines.append(f"| {_label(config)} | {cells} | {held} | {own} | {'; '.join(missed) or 'none'} |")
+            lost = "; ".join(untargeted) or "none"
+            lines.append(f"| {_label(config)} | {cells} | {held} | {own} | {'; '.join(missed) or 'none'} | {lost} |")
     return "\n".join(lines)
 
 
@@ -409,6 +431,9 @@ def goals(task: str, found: dict[str, dict[float, list[dict]]], config: str = "s
         if not rows:
             lines.append(f"- {LABELS[name]}: not measured")
             continue
+        if _untargeted(rows):
+            lines.append(f"- {LABELS[name]}: no target, plain overfits in every seed ({len(rows)})")
+            continue
         clock, time, _, floor = _floor(rows)
         said = [f"floor (>= {FLOOR_TIME}x time, <= {FLOOR_LOSS} loss) {'met' if floor else 'NOT met'}"]
         if name == "tuned/3":
@@ -417,18 +442,18 @@ def goals(task: str, found: dict[str, dict[float, list[dict]]], config: str = "s
             said.append(f"tuned goal >= {TUNED}x {'met' if (time or 0) >= TUNED else 'NOT met'}")
         for peer in ("ema", "schedulefree"):
             theirs = found.get(peer, {}).get(lr, [])
-            other = _median(theirs, clock)
+            other = _median_of(_times(theirs, clock))
             if not theirs:
                 continue
             if other is None or time is None:
-                said.append(f"`{peer}` {_cell([r[clock] for r in theirs])}")
+                said.append(f"`{peer}` {_time_cell(theirs, clock)}")
             else:
                 side = "ahead of" if time >= other else "behind"
                 said.append(f"{side} `{peer}` ({other:.2f}x) by {max(time, other) / min(time, other):.2f}x")
         judged = "" if clock == "cpu_s" else "; judged on backward passes: CPU times from another session"
         lines.append(
-            f"- {LABELS[name]} ({len(rows)} seeds{judged}, time {_cell([r['cpu_s'] for r in rows])}, backward passes "
-            f"{_cell([r['backward'] for r in rows])}, loss "
+            f"- {LABELS[name]} ({len(rows)} seeds{judged}, time {_time_cell(rows, 'cpu_s')}, backward passes "
+            f"{_time_cell(rows, 'backward')}, loss "
             f"{_cell([r['loss'] for r in rows], '.3f', '')}, "
             f"steps kept {_cell([r['kept'] for r in rows], '.0f', '')}): " + "; ".join(said)
         )
@@ -447,7 +472,7 @@ def plot(task: str, found: dict[str, dict[float, list[dict]]], path: Path) -> No
     fig, ax = plt.subplots(figsize=(6, 4))
     for config, by_lr in found.items():
         lrs = sorted(by_lr)
-        values = [[r["cpu_s"] for r in by_lr[lr]] for lr in lrs]
+        values = [_times(by_lr[lr], "cpu_s") for lr in lrs]
         kept = [(lr, [x for x in v if x is not None], _median_of(v)) for lr, v in zip(lrs, values)]
         kept = [(lr, v, m) for lr, v, m in kept if m is not None]
         if not kept:

@@ -10,15 +10,20 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import write_atomic
+from benchmarks.curves import RISE_TOLERANCE
+from benchmarks.harness import flag_overfitting, write_atomic
 
 CLOCKS = {"cpu_s": "CPU time", "wall_s": "wall time", "backward": "backward passes"}
 
 
-def _ratio(spread: dict[str, Any], seeds: int) -> str:
+def _ratio(spread: dict[str, Any], seeds: int, overfitting: int = 0, unit: str = "") -> str:
+    """A median ratio and its range over the seeds plain's final loss is a target in (``unit`` after it)."""
+    over = f"; plain overfits in {overfitting} of {seeds} seeds" if overfitting else ""
+    if overfitting == seeds:
+        return f"none: plain overfits in {seeds} of {seeds} seeds"
     if spread["median"] is None:
-        return f"not reached in {spread['missing']} of {seeds} seeds"
-    return f"{spread['median']:.2f}x ({spread['min']:.2f}-{spread['max']:.2f})"
+        return f"not reached in {spread['missing']} of {seeds - overfitting} seeds{over}"
+    return f"{spread['median']:.2f}x ({spread['min']:.2f}-{spread['max']:.2f}){unit}{over}"
 
 
 def _loss(spread: dict[str, Any], seeds: int) -> str:
@@ -29,10 +34,11 @@ def _loss(spread: dict[str, Any], seeds: int) -> str:
 
 def _speedup(result: dict[str, Any]) -> str:
     s, n = result["summary"], len(result["seeds"])
-    if s["speedup"]["median"] is not None:
-        return f"{_ratio(s['speedup'], n)} {CLOCKS[s['clock']]}"
+    over, unit = s.get("overfitting", 0), f" {CLOCKS[s['clock']]}"
+    if s["speedup"]["median"] is not None or over == n:
+        return _ratio(s["speedup"], n, over, unit)
     best = [seed["hybrid_best_loss"] / seed["target"] for seed in result["seeds"]]
-    return f"{_ratio(s['speedup'], n)}; best val loss {min(best):.3f}-{max(best):.3f}x the target"
+    return f"{_ratio(s['speedup'], n, over)}; best val loss {min(best):.3f}-{max(best):.3f}x the target"
 
 
 def table_row(result: dict[str, Any]) -> str:
@@ -43,7 +49,7 @@ def table_row(result: dict[str, Any]) -> str:
         f"`{result['name']}`",
         str(n),
         _speedup(result),
-        _ratio(s["backward_ratio"], n),
+        _ratio(s["backward_ratio"], n, s.get("overfitting", 0)),
         _loss(s["loss_ratio_equal_steps"], n),
         _loss(s["loss_ratio_equal_time"], n),
         f"{s['backward_skipped_pct']['median']:.1f}%",
@@ -62,7 +68,7 @@ HEADER = (
 def write_table(folder: Path) -> str:
     """Rewrite ``folder/table.md`` from every result JSON in it; return the table."""
     results = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
-    results = [r for r in results if "summary" in r]
+    results = [flag_overfitting(r) for r in results if "summary" in r]
     machines = sorted(
         {
             f"{r['machine'].get('cuda_device', r['machine']['processor'])}, "
@@ -74,7 +80,9 @@ def write_table(folder: Path) -> str:
     lines.append(
         "Speedup = plain's time to its own final val loss / hybrid's time to the same loss (median and range over"
         " seeds; >1 is faster). Equal steps: at the plain run's last step; equal time: at the plain run's final"
-        " training time. Validation time is excluded from every clock."
+        " training time. Validation time is excluded from every clock. Plain overfits where its last validation"
+        f" loss is more than {RISE_TOLERANCE:.0%} above its lowest: its final loss is then no target, and that seed"
+        " gives no time to target. Passes over each task's training data: `benchmarks/tasks.py`."
     )
     text = "\n".join(lines) + "\n"
     write_atomic(folder / "table.md", text)

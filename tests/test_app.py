@@ -91,7 +91,7 @@ MEASURED_MONITOR = {"z_threshold": 4.0}
 
 def _measured(callbacks: list) -> None:
     rule = next(cb for cb in callbacks if isinstance(cb, DynamicsPredictor)).predictor
-    assert isinstance(rule, OuterMomentum) and rule.state_on_host is None  # on the host where CUDA holds the weights
+    assert isinstance(rule, OuterMomentum) and rule.state_on_host is None  # on the device unless it would crowd CUDA
     assert {k: getattr(rule, k) for k in MEASURED_RULE} == MEASURED_RULE
     config = next(cb for cb in callbacks if isinstance(cb, HybridScheduler)).config
     assert {k: getattr(config, k) for k in MEASURED_PHASES} == MEASURED_PHASES

@@ -41,6 +41,68 @@ def test_hybrid_budget_is_one_and_a_half_times_on_a_validation_boundary():
             assert 1.5 * length.steps <= steps < 1.5 * length.steps + length.val_every
 
 
+def _every_run(task: str) -> dict[str, int]:
+    """The longest run of each kind the harness makes of ``task``, in batches: every named length with hybrid's
+    budget, the learning-rate grid's and, for the 85M task, the GPU command's."""
+    from benchmarks import gpu
+    from benchmarks.lrs import LR_TASKS
+    from benchmarks.tasks import length_of
+
+    runs = {name: hybrid_steps(length) for name, length in TASKS[task].lengths.items()}
+    runs |= {
+        f"lrs {k}": hybrid_steps(length_of(task, "default", v.steps)) for k, v in LR_TASKS.items() if v.task == task
+    }
+    return runs | ({"gpu": gpu.QUALITY_STEPS} if task == "char_gpt_gpt2" else {})
+
+
+@pytest.mark.parametrize("task", list(TASKS))
+def test_no_benchmark_reads_its_data_more_often_than_its_task_declares(task):
+    """A run's passes over its training data, from the task's own DataModule: at most the task's declaration,
+    and the 85M task (the GPU's) reads no byte twice."""
+    from benchmarks.tasks import data_passes
+
+    passes = {name: data_passes(task, steps) for name, steps in _every_run(task).items()}
+    assert max(passes.values()) <= TASKS[task].passes, passes
+    assert TASKS[task].passes < 2 * max(passes.values()), "the declaration is far above what the task reads"
+    if task == "char_gpt_gpt2":
+        assert TASKS[task].passes == 1
+
+
+def test_a_run_beyond_its_declared_passes_is_refused_before_it_trains(tmp_path):
+    from benchmarks.harness import fit
+    from benchmarks.tasks import compose_run, length_of
+
+    cfg = compose_run(
+        "char_gpt_gpt2", length_of("char_gpt_gpt2", "quick", 3), 0, ["data.max_bytes=2000"], str(tmp_path)
+    )
+    with pytest.raises(ValueError, match=r"char_gpt_gpt2: a run of 3.00 passes over its training data; the task "):
+        fit(cfg, hybrid=False)
+
+
+def test_a_plain_curve_that_turns_up_gives_no_time_to_target():
+    """Plain's final loss is a target only on a curve that ends near its lowest: where it ends more than 1% above
+    it, the comparison keeps its losses but gives no speedup, and the summary counts it apart."""
+    from benchmarks.curves import Curve, Point, overfits, rise_at_end
+    from benchmarks.harness import Record, compare_seed, summarize
+
+    def record(losses: list[float]) -> Record:
+        return Record(
+            Curve([Point(10 * (i + 1), i + 1.0, i + 1.0, 10 * (i + 1), v) for i, v in enumerate(losses)]), "cpu", 30
+        )
+
+    falling, memorising = [3.0, 2.0, 1.99], [3.0, 1.5, 1.8]
+    assert not overfits(falling) and rise_at_end(falling) == 0 and overfits(memorising)
+    assert rise_at_end(memorising) == pytest.approx(0.2)
+    hybrid = record([2.5, 1.6, 1.5])
+    clean, flagged = compare_seed(record(falling), hybrid, 30), compare_seed(record(memorising), hybrid, 30)
+    reached = 10 + (2.5 - 1.99) / (2.5 - 1.6) * 10  # hybrid crosses plain's final loss between steps 10 and 20
+    assert clean["to_target"]["backward"]["speedup"] == pytest.approx(30 / reached) and not clean["overfitting"]
+    assert flagged["overfitting"] and all(v["speedup"] is None for v in flagged["to_target"].values())
+    assert flagged["loss_ratio_equal_steps"] == pytest.approx(1.5 / 1.8)  # still measured
+    summary = summarize({"seeds": [clean | {"clock": "cpu_s"}, flagged | {"clock": "cpu_s"}]})
+    assert summary["overfitting"] == 1 and summary["backward_ratio"]["median"] == pytest.approx(30 / reached)
+
+
 def _run_quick(tmp_path, *overrides):
     out = tmp_path / "results"
     main(["--task", "char_gpt", "--quick", "--seeds", "2", "--name", "t", "--out", str(out), *overrides])
@@ -64,6 +126,8 @@ def test_quick_harness_end_to_end(tmp_path):
         assert [p["step"] for p in base["points"]] == list(range(spec.val_every, spec.steps + 1, spec.val_every))
         assert base["points"][-1]["backward"] == spec.steps  # plain: one backward pass per step
         assert seed["target"] == base["points"][-1]["val_loss"]
+        assert all(2.0 < p["train_loss"] < 6.0 for p in base["points"])  # the mean training loss beside each
+        assert base["data"]["passes"] == pytest.approx(spec.steps / base["data"]["batches_per_pass"])
         # hybrid predicted, so it skipped backward passes, and its segments were recorded
         assert hyb["backward_skipped_pct"] > 0 and hyb["segments_started"] == len(hyb["segments"]) > 0
         last = hyb["points"][-1]

@@ -25,58 +25,70 @@ def test_the_dry_run_runs_every_part_and_a_second_call_resumes(tmp_path):
     assert set(mechanics["offload"]) == {"none", "offload", "aggressive"}
     assert set(mechanics["outer_memory"]) == {"plain", "outer_norm_restart", "state_on_host"}
     assert mechanics["outer_memory"]["state_on_host"]["jumps_made"] >= 2
-    overheads = json.loads((tmp_path / "overheads.json").read_text())["result"]
-    assert set(overheads) == set(gpu.OVERHEAD_CELLS)
-    for cell, (_, _, modes) in gpu.OVERHEAD_CELLS.items():
-        assert set(overheads[cell]["hybrid_over_plain"]) == set(modes) and overheads[cell]["clock"] == "cpu_s"
-        kept = overheads[cell]["kept"]  # each mode did what it is named for: no jump, or a jump made
+    cells = json.loads((tmp_path / "overheads.json").read_text())["cells"]
+    assert set(cells) == set(gpu.OVERHEAD_CELLS)
+    for cell, (_, modes) in gpu.OVERHEAD_CELLS.items():
+        assert set(cells[cell]["steady_hybrid_over_plain"]) == set(modes) and cells[cell]["clock"] == "cpu_s"
+        kept = cells[cell]["kept"]  # each mode did what it is named for: no jump, or a jump made
         assert kept["default_aside"] == [{"jumps": 0, "blind": 1}] and kept["default_jumping"][0]["jumps"] >= 1
+    profiled = json.loads((tmp_path / "profile.json").read_text())["result"]
+    assert profiled["on_device"]["jump"]["calls"] >= 1 and profiled["on_device"]["tensors"] == 149  # the 85M's
+    assert profiled["on_host"]["jump"]["ops"] > profiled["on_device"]["jump"]["ops"]  # the copies in and out
+    assert profiled["on_device"]["busy"]["steps"] == 20 and profiled["on_device"]["busy"]["wall_s"] > 0
     record = json.loads((tmp_path / "quality.json").read_text())
-    # both rates x 3 seeds x (plain, the default): the dry run plans every rate
-    assert record["complete"] and len(record["runs"]) == len(gpu.QUALITY_RATES) * gpu.QUALITY_SEEDS * 2
-    assert set(record["comparisons"]) == {f"lr{gpu.QUALITY_LR * f:.3g}" for f in gpu.QUALITY_RATES}
+    assert set(record["sweep"]) == {f"{lr:.3g}" for lr in gpu.SWEEP_RATES}
+    best = record["best_lr"]
+    assert record["sweep"][f"{best:.3g}"]["final"] == min(row["final"] for row in record["sweep"].values())
+    # the sweep's runs, then both rates x 3 seeds x (plain, the default), plain's seed 0 at the best rate shared
+    assert len(record["runs"]) == len(gpu.SWEEP_RATES) + len(gpu.QUALITY_RATES) * gpu.QUALITY_SEEDS * 2 - 1
+    assert set(record["comparisons"]) == {f"lr{best * f:.3g}" for f in gpu.QUALITY_RATES}
     assert all(None not in row["loss_equal_steps"] for row in record["comparisons"].values())
-    assert "| quality |" in (tmp_path / "README.md").read_text()
+    run = next(iter(record["runs"].values()))
+    assert run["data"]["passes"] <= 1 and len(run["data"]["sha256"]) == 64  # read once, and which bytes
+    assert all("train_loss" in p for p in run["points"])
+    readme = (tmp_path / "README.md").read_text()
+    assert "## Quality" in readme and "## Sweep" in readme and "## Profile" in readme
+    assert gpu.plan(done) == []  # nothing left
     stamps = {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("*.json")}
     again = gpu.run([*gpu.PARTS, *gpu.MECHANICS], tmp_path, budget_min=5, dry=True)
     assert {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("*.json")} == stamps  # nothing re-run
     assert again["quality"]["runs"] == done["quality"]["runs"]
 
 
-def test_the_plan_fits_one_call_and_is_printed_before_anything_runs(capsys, monkeypatch):
-    """The call's two parts fit ``BUDGET_MIN`` on an H200 by the plan's own estimate, the tuned rate always runs,
-    and ``main`` prints the plan first."""
+def _sweep_runs(finals: dict[float, list[float]]) -> dict[str, dict]:
+    return {gpu._key(lr, 0, "plain"): {"points": [{"val_loss": v} for v in losses]} for lr, losses in finals.items()}
+
+
+def test_the_best_rate_is_the_lowest_final_loss_of_a_curve_that_does_not_turn_up():
+    low, mid, high = gpu.SWEEP_RATES
+    assert gpu.best_rate(_sweep_runs({low: [3.0, 2.0], mid: [3.0, 1.5]})) is None  # not every rate has run
+    falling = {low: [3.0, 2.0], mid: [3.0, 1.8], high: [3.0, 1.9]}
+    assert gpu.best_rate(_sweep_runs(falling)) == mid
+    memorising = falling | {mid: [3.0, 1.2, 1.7]}  # lowest at its end is 1.7 < 1.8, but it rose from 1.2
+    assert gpu.best_rate(_sweep_runs(memorising)) == high
+
+
+def test_the_plan_is_printed_first_and_each_call_takes_what_fits_its_budget(capsys, monkeypatch):
+    """The first call runs the overheads, the profile and the sweep within ``BUDGET_MIN`` (under 8 minutes); the
+    second the comparisons at the sweep's best rate and a third of it; ``main`` prints the plan first."""
     rows = gpu.plan()
-    assert [part for part, _, _ in rows][:3] == ["overheads", "overheads", "quality"]
-    assert sum(minutes for _, _, minutes in rows) <= gpu.BUDGET_MIN <= 9.0
-    assert gpu.quality_rates()[0] == 1.0 and gpu.quality_rates(dry=True) == list(gpu.QUALITY_RATES)
-    done = {"overheads": {"result": {"85M": {}}}, "quality": {"runs": _runs(gpu.QUALITY_LR)}}
-    second = gpu.plan(done=done)  # the next call: what the first had no room for
-    assert [what for _, what, _ in second] == [f"85M at {gpu.QUALITY_LR / 3:.3g}: plain and the default, 3 seeds"]
-    monkeypatch.setattr(gpu, "run", lambda *args: {"mechanics": {}, "overheads": {}, "quality": {}})
+    assert [part for part, _, _ in rows] == ["overheads", "profile", "sweep", "quality", "quality", "overheads_adamw"]
+    first = gpu.this_call(rows, gpu.BUDGET_MIN, dry=False)
+    assert [part for part, _, _ in first] == ["overheads", "profile", "sweep"]
+    assert sum(minutes for *_, minutes in first) <= gpu.BUDGET_MIN < 8
+    swept = _sweep_runs({lr: [3.0, 2.0 - lr] for lr in gpu.SWEEP_RATES})
+    measured = {"steady_ratios": {}}
+    done = {"overheads": {"cells": {"85M": measured}}, "profile": {"result": measured}, "quality": {"runs": swept}}
+    second = gpu.this_call(gpu.plan(done), gpu.BUDGET_MIN, dry=False)
+    best = max(gpu.SWEEP_RATES)
+    assert [what for _, what, _ in second] == [
+        f"85M at {best:.3g}: plain and the default, 3 seeds",
+        f"85M at {best / 3:.3g}, a third of {best:.3g}: plain and the default, 3 seeds",
+    ]
+    monkeypatch.setattr(gpu, "run", lambda *args: {name: {} for name in gpu.FILES})
     gpu.main(["--dry-run", "--out", "unused"])
     printed = capsys.readouterr().out
-    assert printed.startswith("plan (dry run") and "total ~" in printed.split("# The GPU")[0]
-
-
-def _runs(lr: float) -> dict[str, dict]:
-    """A quality record's runs at ``lr``, every seed, as the part names them."""
-    return {f"lr{lr:.3g}_seed{s}_{c}": {} for s in range(gpu.QUALITY_SEEDS) for c in ("plain", "default")}
-
-
-def test_a_rate_added_to_the_plan_runs_although_the_record_says_complete(tmp_path, monkeypatch):
-    """A record completed under another rate (the tuned rate moved) still runs the rates it lacks; one holding
-    every planned rate runs nothing."""
-    tuned, third = _runs(gpu.QUALITY_LR), _runs(gpu.QUALITY_LR / 3)
-    (tmp_path / "quality.json").write_text(json.dumps({"runs": tuned, "complete": True}))
-    (tmp_path / "overheads.json").write_text(json.dumps({"result": {"85M": {}}}))
-    asked: list[list[float]] = []
-    monkeypatch.setattr(gpu, "quality", lambda call, record, save, rates: asked.append(rates) or record)
-    gpu.run(["overheads", "quality"], tmp_path, budget_min=1, dry=False)
-    assert asked == [[1.0, 1 / 3]]  # the missing third is planned; the tuned rate's runs are not repeated
-    (tmp_path / "quality.json").write_text(json.dumps({"runs": tuned | third}))
-    gpu.run(["overheads", "quality"], tmp_path, budget_min=1, dry=False)
-    assert len(asked) == 1
+    assert printed.startswith("plan (dry run") and "this call ~" in printed.split("# The GPU")[0]
 
 
 def test_a_failing_part_is_recorded_and_the_others_still_run(tmp_path, monkeypatch):
@@ -90,17 +102,16 @@ def test_a_failing_part_is_recorded_and_the_others_still_run(tmp_path, monkeypat
     assert done["mechanics"]["memory"] == {"ran": True} and "skipped" in done["mechanics"]["sync"]
 
 
-def test_the_overheads_sizes_are_the_harness_sizes_and_85m_is_the_gpt2_task(tmp_path):
-    """The part names its sizes by the harness's table; 85M composes the GPT-2-shaped task's model and data."""
-    from benchmarks.harness import SIZES, gpt_config
+def test_the_overheads_85m_is_the_gpt2_task(tmp_path):
+    """The part's 85M composes the GPT-2-shaped task's model and data (its corpus read once)."""
+    from benchmarks.harness import gpt_config
     from benchmarks.tasks import compose_run
 
-    assert {size for size, _, _ in gpu.OVERHEAD_CELLS.values()} <= set(SIZES)
     ours = gpt_config("85M", 10, str(tmp_path), [])
     task = compose_run("char_gpt_gpt2", "quick", 0, [], str(tmp_path))
     for key in ("n_layer", "n_head", "n_embd"):
         assert ours.model[key] == task.model[key], key
-    assert ours.data.block_size == task.data.block_size and ours.data.batch_size == task.data.batch_size
+    assert ours.data == task.data
 
 
 def test_plain_against_the_modes_takes_the_common_overrides_too(tmp_path, monkeypatch):

@@ -76,8 +76,12 @@ def test_the_grid_can_look_closer_at_one_cell(tiny, monkeypatch):
         lrs.main(["grid", "--task", "tiny", "--rate", "2x"])
 
 
-def _rows(times: list[float | None], losses: list[float]) -> list[dict]:
-    return [{"cpu_s": t, "backward": t, "loss": v, "cost": 1.0, "kept": 2} for t, v in zip(times, losses)]
+def _rows(times: list[float | None], losses: list[float], overfit: list[bool] | None = None) -> list[dict]:
+    over = overfit or [False] * len(times)
+    return [
+        {"cpu_s": t, "backward": t, "loss": v, "cost": 1.0, "kept": 2, "overfit": o}
+        for t, v, o in zip(times, losses, over)
+    ]
 
 
 def test_goals_are_judged_on_medians_and_say_what_is_missing(monkeypatch):
@@ -112,14 +116,21 @@ def test_the_floor_summary_names_every_cell_that_misses_it(monkeypatch):
             "nudged": {0.3: _rows([1.0] * 3, [1.01] * 3)},  # the control: judged too, and labelled
         },
         "b": {"outer": {0.9: _rows([1.0, None, None], [1.02] * 3)}, "search": {0.3: _rows([1.0] * 3, [1.0] * 3)}},
+        # c: plain overfits in every seed at 0.3 (no target: neither held nor missed), in one of three at 0.1,
+        # whose slow seed leaves the judged two
+        "c": {"outer": {0.3: _rows([0.5] * 3, [1.0] * 3, overfit=[True] * 3), 0.1: _rows([0.5, 1.0, 1.1], [1.0] * 3)}},
     }
+    found["c"]["outer"][0.1][0]["overfit"] = True
     rows = {line.split(" |")[0]: line for line in lrs.floor_summary(found).splitlines() if line[:3] == "| `"}
     assert rows["| `outer`"] == (  # a's miss is shared with the control, which missed too; b ran no control
-        "| `outer` | 3 | 1 | 1 | a at tuned: 0.95x, 1.000 (control nudged 1.00x, 1.010); "
-        "b at 3x tuned: not reached, 1.020 |"
+        "| `outer` | 5 | 2 | 1 | a at tuned: 0.95x, 1.000 (control nudged 1.00x, 1.010); "
+        "b at 3x tuned: not reached, 1.020 | c at tuned |"
     )
-    assert rows["| `search`"] == "| `search` | 1 | 1 | 0 | none |"
-    assert rows["| `nudged` (control: plain at 1.001x the rate)"].endswith("| 1 | 0 | 1 | a at tuned: 1.00x, 1.010 |")
+    assert rows["| `search`"] == "| `search` | 1 | 1 | 0 | none | none |"
+    nudged = rows["| `nudged` (control: plain at 1.001x the rate)"]
+    assert nudged.endswith("| 1 | 0 | 1 | a at tuned: 1.00x, 1.010 | none |")
+    assert lrs._time_cell(found["c"]["outer"][0.1], "cpu_s") == "1.05x (1.00-1.10); plain overfits in 1 of 3"
+    assert lrs._time_cell(found["c"]["outer"][0.3], "cpu_s") == "none: plain overfits in 3 of 3"
     assert set(rows) == {"| `outer`", "| `search`", "| `nudged` (control: plain at 1.001x the rate)"}
 
 

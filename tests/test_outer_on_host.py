@@ -119,14 +119,34 @@ def test_jumps_with_state_on_host_match_jumps_without_on_every_device(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_the_default_holds_the_state_on_the_host_exactly_where_the_weights_are_on_cuda(device):
-    """``state_on_host=None``, the default: the momentum and the last jump wait in host memory on CUDA (the device
-    holds the anchor alone above plain) and stay on the CPU's own tensors elsewhere, where the host is the device."""
+def test_the_default_keeps_the_state_on_the_device_and_goes_to_the_host_only_where_it_would_crowd_cuda(
+    device, monkeypatch
+):
+    """``state_on_host=None``, the default: the momentum and the last jump stay on the device (no copy in or out a
+    cycle); on CUDA, where those two copies would take more than half the free memory, they wait on the host."""
     rule = OuterMomentum()
     assert rule.state_on_host is None
-    rule.setup([torch.ones(4, device=device)], keep_jump=True)
-    on_cuda = device == "cuda"
-    assert set(rule._held) == ({"b", "jump"} if on_cuda else set())
-    assert (len(rule._b), len(rule._jump)) == ((0, 0) if on_cuda else (1, 1))
+    params = [torch.ones(4, device=device)]
+    rule.setup(params, keep_jump=True)
+    assert not rule._held and (len(rule._b), len(rule._jump)) == (1, 1) and not rule.held_on_host
+    if device == "cuda":  # 2 copies of 16 bytes against 60 bytes free: more than half
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (60, 10**9))
+        crowded = OuterMomentum()
+        crowded.setup(params, keep_jump=True)
+        assert set(crowded._held) == {"b", "jump"} and crowded.held_on_host
     with pytest.raises(ValueError, match="state_on_host"):
         OuterMomentum(state_on_host="auto")
+
+
+def test_a_run_whose_state_would_crowd_the_device_holds_it_on_the_host_and_says_so(monkeypatch, caplog):
+    """The fallback, forced on a CPU: the run is the same bitwise as with the state on the device, and says where
+    the state went and how to keep it on the device."""
+    import lightning_hybrid.predictors.outer as outer
+
+    on_device = _run(False, {})[0]
+    monkeypatch.setattr(outer, "state_fits", lambda params, copies: False)
+    with caplog.at_level("INFO"):
+        crowded, _, rule, _ = _run(None, {})
+    assert rule.held_on_host and torch.equal(flat_params(crowded), flat_params(on_device))
+    said = [r.getMessage() for r in caplog.records if "host memory" in r.getMessage()]
+    assert len(said) == 1 and "state_on_host=False" in said[0]

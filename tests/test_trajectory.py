@@ -212,8 +212,33 @@ def test_alignment_is_the_cosine_between_the_last_jump_and_the_displacement_sinc
     torch._foreach_copy_(rule._jump, jump)
     moved = [torch.tensor([2.0, 1.0]), torch.tensor([[2.0]])]  # 2 x the jump, plus (0, 1, 0) across it
     params = torch._foreach_add(anchor, moved)
-    dot, jump_sq, moved_sq = rule.alignment_terms(params, anchor).tolist()
-    assert (dot, jump_sq, moved_sq) == (4.0, 2.0, 9.0)  # cosine 4 / sqrt(18)
+    terms = rule.alignment_terms(params, anchor).tolist()  # [d . jump, |d|^2, |jump|^2]
+    assert terms == pytest.approx([4.0, 9.0, 2.0], abs=1e-12)  # cosine 4 / sqrt(18)
+
+
+def test_the_restart_cosine_is_float64_exact_and_takes_a_fixed_number_of_operations():
+    """The restart's terms ``[s · b, |s|², |b|²]`` agree with float64 dot products, and the operations that compute
+    them do not grow with the number of tensors (fused: a GPU launches a handful of kernels a cycle's end)."""
+    from benchmarks.jump_cost import Count
+
+    def terms(count: int) -> tuple[list[float], int, list[float]]:
+        torch.manual_seed(count)
+        params = [torch.randn(7, 5) for _ in range(count)]
+        anchor = [p + 0.01 * torch.randn_like(p) for p in params]
+        rule = snoo(0.7, 0.5, restart=True)
+        rule.setup(params, keep_jump=True)
+        torch._foreach_copy_(rule._b, [torch.randn_like(p) for p in params])
+        s = torch.cat([(a - p).flatten() for a, p in zip(anchor, params)]).double()
+        b = torch.cat([t.flatten() for t in rule._b]).double()
+        ops = Count()
+        with ops:
+            got = rule.momentum_terms(params, anchor).tolist()
+        return got, ops.ops, [float(s @ b), float(s @ s), float(b @ b)]
+
+    few, many = terms(3), terms(40)
+    for got, _, want in (few, many):
+        assert got == pytest.approx(want, rel=1e-5, abs=1e-6 * want[1] ** 0.5 * want[2] ** 0.5)
+    assert few[1] == many[1] <= 25
 
 
 def test_jumps_that_keep_norms_change_each_tensors_direction_only_and_undo_exactly():
@@ -290,7 +315,8 @@ def test_momentum_terms_are_the_cycles_displacement_against_the_momentum():
     rule.setup(anchor, keep_jump=False)
     torch._foreach_copy_(rule._b, [torch.tensor([2.0, 0.0]), torch.tensor([[-1.0]])])
     params = torch._foreach_sub(anchor, [torch.tensor([1.0, 1.0]), torch.tensor([[2.0]])])  # s = (1, 1, 2)
-    assert rule.momentum_terms(params, anchor).tolist() == [0.0, 6.0, 5.0]  # s . b = 2 - 2: orthogonal
+    terms = rule.momentum_terms(params, anchor).tolist()  # float64 norms: exact to the last bits
+    assert terms == pytest.approx([0.0, 6.0, 5.0], abs=1e-12)  # s . b = 2 - 2: orthogonal
 
 
 def target_run(restart, target, steps=66):

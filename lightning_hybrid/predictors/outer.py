@@ -5,33 +5,16 @@ the verdict that keeps or undoes its jumps, so that everything the rule is set b
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from lightning_hybrid.offload import HostHeld, host_copies
+from lightning_hybrid.predictors.parameter_sums import cosine_terms, squares, state_fits
 from lightning_hybrid.predictors.rules import TensorList, TrajectoryRule, load_into
 from lightning_hybrid.validation import check_bool, check_float, check_int, check_optional_bool
-
-
-def _cosine_terms(params: TensorList, pairs: Iterable[tuple[Tensor, Tensor]]) -> Tensor:
-    """``[x · y, |x|², |y|²]`` summed over ``pairs`` of tensors, in float64, taken one pair at a time so that a
-    difference in a pair never exists for more than one tensor (no parameter copy)."""
-    terms = torch.zeros(3, dtype=torch.float64, device=params[0].device if params else "cpu")
-    with torch.no_grad():
-        for x, y in pairs:
-            x, y = x.flatten().double(), y.flatten().double()
-            terms += torch.stack((torch.dot(x, y), torch.dot(x, x), torch.dot(y, y)))
-    return terms
-
-
-def _squares(tensors: TensorList) -> Tensor:
-    """Each tensor's squared norm, in float32 (one fused norm; empty where there are no tensors)."""
-    if not tensors:
-        return torch.zeros(0, dtype=torch.float32)
-    return torch.stack(torch._foreach_norm(tensors, dtype=torch.float32)).square()
 
 
 class OuterMomentum(TrajectoryRule):
@@ -47,8 +30,8 @@ class OuterMomentum(TrajectoryRule):
     next cycle, by the delayed verdict set here: the mean loss of that cycle's last ``verify_window`` steps against
     the same window before the jump. Memory: the anchor lives in the engine's one update buffer; ``b`` adds one
     parameter copy when ``outer_momentum > 0``, and delayed verification or the alignment verdict one more (the
-    last jump). With ``state_on_host`` (the default on CUDA) those two live in host memory, so the device holds the
-    anchor alone.
+    last jump). With ``state_on_host`` those two live in host memory, so the device holds the anchor alone, at the
+    price of moving them in and out every cycle.
 
     The alignment verdict asks whether a jump went where training was going anyway, the question a loss compared
     with before the jump cannot answer on a falling curve: the cosine between each jump and the displacement of the
@@ -69,9 +52,11 @@ class OuterMomentum(TrajectoryRule):
             Nothing to do when ``outer_momentum`` is 0.
         state_on_host: hold ``b`` and the last jump in host memory (pinned, on CUDA), as DiLoCo implementations hold
             their outer state, and bring them to the device only at a cycle's end: the device then holds one
-            parameter copy above plain (the anchor) outside a jump, and each jump moves ``b`` in and ``b`` and the
-            jump out (the way out overlaps the next steps). The same values, bitwise. ``None`` (the default): on
-            where the parameters are on CUDA; on a CPU the host is the device, so it changes nothing there.
+            parameter copy above plain (the anchor) outside a jump, and each cycle's end moves ``b`` in, and each
+            jump ``b`` and the jump out (overlapping the next steps). The same values, bitwise. ``None`` (the
+            default): on the device, unless the parameters are on CUDA and those copies would take more than half
+            its free memory as training starts; then in host memory, and the run says so. On a CPU the host is the
+            device, so it changes nothing there.
         verify_window: ordinary steps at the end of the cycle after a jump whose mean loss keeps or undoes the jump
             (at most ``full_steps``); 0 keeps every jump unchecked and holds no copy of it.
         verify_sigmas: a jump is undone when that mean exceeds the window's mean before the jump by more than this
@@ -113,6 +98,7 @@ class OuterMomentum(TrajectoryRule):
         self._jump: list[Tensor] = []
         self._held: dict[str, HostHeld] = {}
         self._set_up = False
+        self.held_on_host = False  # set up with b or the last jump in host memory (read by the engine, to say so)
         self.sum_across_ranks: Callable[[Tensor], Tensor] | None = None  # set by the engine where ranks hold shards
 
     @property
@@ -135,8 +121,9 @@ class OuterMomentum(TrajectoryRule):
     def setup(self, params: TensorList, keep_jump: bool) -> None:
         kept = {"b": self.outer_momentum > 0, "jump": keep_jump}
         on_host = self.state_on_host
-        if on_host is None:  # the default: off the device where there is one to spare
-            on_host = bool(params) and params[0].is_cuda
+        if on_host is None:  # the default: on the device, unless it would crowd a CUDA device's memory
+            on_host = bool(params) and not state_fits(params, sum(kept.values()))
+        self.held_on_host = on_host and any(kept.values())
         if on_host:  # allocated on the host: the device never holds them outside a cycle's end
             self._held = {name: HostHeld(list(params)) for name, on in kept.items() if on}
             self._b, self._jump = [], []
@@ -182,14 +169,14 @@ class OuterMomentum(TrajectoryRule):
             torch._foreach_mul_(anchor, 1.0 - eta)  # anchor := the jump d = (1 - η) s - η μ b
             if mu > 0:
                 torch._foreach_add_(anchor, b, alpha=-eta * mu)
-            size = _squares([*anchor, *params]).view(2, -1).sum(1) if measure else None  # one fused norm
-            before = (_squares(params) if sharded else torch._foreach_norm(params)) if self.keep_norms else None
+            size = squares([*anchor, *params]).view(2, -1).sum(1) if measure else None  # one fused norm
+            before = (squares(params) if sharded else torch._foreach_norm(params)) if self.keep_norms else None
             torch._foreach_add_(params, anchor)
             if kept:
                 torch._foreach_copy_(kept, anchor)
             if before is not None and sharded:
                 n = len(params)
-                total = self.sum_across_ranks(torch.cat([before, _squares(params), *([size] if measure else [])]))
+                total = self.sum_across_ranks(torch.cat([before, squares(params), *([size] if measure else [])]))
                 norms = total[: 2 * n].sqrt()
                 self._scale_back(params, list(norms[:n].unbind()), kept, after=list(norms[n:].unbind()))
                 size = total[2 * n :] if measure else None
@@ -221,18 +208,18 @@ class OuterMomentum(TrajectoryRule):
             torch._foreach_addcmul_(kept, params, scale)
 
     def alignment_terms(self, params: TensorList, anchor: TensorList) -> Tensor:
-        """``[jump · d, |jump|², |d|²]`` over this rank's tensors, ``d = params - anchor`` the displacement since the
-        last jump (one tensor's difference at a time: no parameter copy). Summed over ranks, their cosine is the
-        jump's alignment."""
-        jumps = self._last_jump()
-        return _cosine_terms(params, ((j, p - a) for p, a, j in zip(params, anchor, jumps, strict=True)))
+        """``[d · jump, |d|², |jump|²]`` over this rank's tensors, ``d = params - anchor`` the displacement since
+        the last jump (a parameter copy while they are summed). Summed over ranks, their cosine is the jump's
+        alignment."""
+        with torch.no_grad():
+            return cosine_terms(torch._foreach_sub(params, anchor), self._last_jump())
 
     def momentum_terms(self, params: TensorList, anchor: TensorList) -> Tensor:
         """``[s · b, |s|², |b|²]`` over this rank's tensors, ``s = anchor - params`` the cycle's displacement and ``b``
-        the outer momentum before it takes ``s`` in (one tensor at a time: no parameter copy). Summed over ranks,
+        the outer momentum before it takes ``s`` in (a parameter copy while they are summed). Summed over ranks,
         their cosine decides a restart."""
-        momentum = self._momentum()
-        return _cosine_terms(params, ((a - p, b) for p, a, b in zip(params, anchor, momentum, strict=True)))
+        with torch.no_grad():
+            return cosine_terms(torch._foreach_sub(anchor, params), self._momentum())
 
     def reset_momentum(self) -> None:
         held = self._held.get("b")

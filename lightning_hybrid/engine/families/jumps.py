@@ -70,7 +70,14 @@ class OuterJumps(JumpReport, PredictionFamily):
         """Unless a checkpoint has just restored the run's state, start afresh: a new anchor at the next Full step."""
         e, store = self.engine, self.engine.store
         e.parts.predictor.sum_across_ranks = e.collectives.sum_across_ranks if e.collectives.sharded else None
-        e.parts.predictor.setup(store.params, keep_jump=self.verify_window > 0 or self.alignment_window > 0)
+        rule = e.parts.predictor
+        rule.setup(store.params, keep_jump=self.verify_window > 0 or self.alignment_window > 0)
+        if rule.held_on_host and rule.state_on_host is None:
+            e.info(
+                "hybrid: the outer rule's momentum and last jump would take more than half the device's free memory: "
+                "they wait in host memory, moved in and out at each cycle's end (state_on_host=False keeps them on "
+                "the device)"
+            )
         if restored and self._pending_anchor is not None:
             store.load_buffer(self._pending_anchor)
         if not restored:
@@ -198,7 +205,7 @@ class OuterJumps(JumpReport, PredictionFamily):
         :class:`~lightning_hybrid.predictors.OuterMomentum`); stop jumping once the mean over the window is <= 0."""
         e, state = self.engine, self.state
         state.aligning = False
-        dot, jump_sq, moved_sq = e.collectives.sum_across_ranks(
+        dot, moved_sq, jump_sq = e.collectives.sum_across_ranks(
             e.parts.predictor.alignment_terms(e.store.params, e.store.buffer)
         ).tolist()
         cosine = dot / math.sqrt(jump_sq * moved_sq) if jump_sq > 0 and moved_sq > 0 else 0.0

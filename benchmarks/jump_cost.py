@@ -1,0 +1,174 @@
+"""What a jump of the default rule costs, apart from the steps around it: each cycle's end (the verdict, the restart
+check, the decision) and each jump, timed alone, with the tensor operations and host reads each makes. The GPU
+command's ``profile`` part runs it at 85M on the GPU, and in its dry run on the CPU on the GPT-2 shape at width 64
+(``SMALL_GPT2``: the 85M model's 149 tensors; the counts depend on the number of tensors, not their size).
+
+The default rule jumps every cycle (``verify_resolution=0``, cycles of 20 after a 20-step warmup). Per cycle end and
+per jump, medians over the run:
+
+- ``ops``: torch's dispatcher's operations (on a GPU each is a kernel launch or a host-side op; a ``_foreach_`` op
+  launches one kernel per few dozen tensors); ``foreach_ops`` of them;
+- ``host_reads``: ``.item()`` and ``.tolist()`` calls and copies to the host: each waits, on a GPU, for every
+  kernel queued before it;
+- ``ms``: wall time, synchronised before and after on a GPU, in a second run without the counting (whose Python
+  would be timed too).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import lightning as L
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from benchmarks.tasks import GPT2_SHAPE
+from lightning_hybrid.engine.families.jumps import OuterJumps
+from lightning_hybrid.runner import build_run
+
+JUMPING = ["predictor=outer", "predictor.verify_resolution=0", "hybrid.warmup_steps=20", "hybrid.full_steps=20"]
+SMALL_GPT2 = [*GPT2_SHAPE, "model.n_embd=64", "model.n_head=4", "data.block_size=64", "data.batch_size=8"]
+TIMED = {"cycle_end": "cycle_end", "jump": "_jump"}  # what is reported -> OuterJumps' method
+
+
+class Count(TorchDispatchMode):
+    """Counts the operations dispatched, the ``_foreach_`` ones and the reads to the host among them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = self.foreach = self.reads = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.ops += 1
+        name = func.__name__
+        self.foreach += name.startswith("_foreach_")
+        to_host = name.startswith(("_to_copy", "copy_")) and _to_host(func, args, kwargs or {})
+        self.reads += name.startswith("_local_scalar_dense") or to_host
+        return func(*args, **(kwargs or {}))
+
+
+def _to_host(func: Any, args: Any, kwargs: dict[str, Any]) -> bool:
+    """Whether a copy brings a device tensor to the host (never on a CPU, where the host is the device)."""
+    source = args[1] if func.__name__.startswith("copy_") else args[0]
+    target = args[0].device if func.__name__.startswith("copy_") else kwargs.get("device")
+    return isinstance(source, torch.Tensor) and source.device.type != "cpu" and str(target).startswith("cpu")
+
+
+@contextmanager
+def _counting_tolist(count: Count) -> Iterator[None]:
+    """``Tensor.tolist`` on a CPU tensor dispatches nothing: count its calls as host reads."""
+    original = torch.Tensor.tolist
+
+    def tolist(self: torch.Tensor) -> Any:
+        count.reads += self.device.type == "cpu"
+        return original(self)
+
+    torch.Tensor.tolist = tolist
+    try:
+        yield
+    finally:
+        torch.Tensor.tolist = original
+
+
+@contextmanager
+def timed_jumps(counting: bool) -> Iterator[dict[str, list[dict[str, float]]]]:
+    """While open, every cycle end and jump of the default rule is recorded: counted (``counting``) or timed."""
+    seen: dict[str, list[dict[str, float]]] = {name: [] for name in TIMED}
+    originals = {name: getattr(OuterJumps, method) for name, method in TIMED.items()}
+
+    def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def recorded(self: OuterJumps, *args: Any) -> Any:
+            if counting:
+                count = Count()
+                with count, _counting_tolist(count):
+                    out = fn(self, *args)
+                seen[name].append({"ops": count.ops, "foreach_ops": count.foreach, "host_reads": count.reads})
+                return out
+            cuda = self.engine.store.params[0].is_cuda
+            _synchronize(cuda)
+            start = time.perf_counter()
+            out = fn(self, *args)
+            _synchronize(cuda)
+            seen[name].append({"ms": (time.perf_counter() - start) * 1e3})
+            return out
+
+        return recorded
+
+    for name, method in TIMED.items():
+        setattr(OuterJumps, method, wrap(name, originals[name]))
+    try:
+        yield seen
+    finally:
+        for name, method in TIMED.items():
+            setattr(OuterJumps, method, originals[name])
+
+
+class BusyWindow(L.Callback):
+    """Profiles ``steps`` training steps from ``start`` (torch.profiler, CUDA activity where there is a GPU): the
+    device's busy time (kernels and copies) against the window's wall time, synchronised at both ends, and the
+    kernel launches and host synchronisations the host made in it."""
+
+    def __init__(self, start: int, steps: int) -> None:
+        self.start, self.steps = start, steps
+        self.result: dict[str, Any] = {}
+        self._profile: torch.profiler.profile | None = None
+        self._began = 0.0
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        if trainer.global_step != self.start:
+            return
+        cuda = trainer.strategy.root_device.type == "cuda"
+        activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+        self._profile = torch.profiler.profile(activities=activities)
+        _synchronize(cuda)
+        self._profile.__enter__()
+        self._began = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if self._profile is None or trainer.global_step != self.start + self.steps:
+            return
+        _synchronize(trainer.strategy.root_device.type == "cuda")
+        wall = time.perf_counter() - self._began
+        self._profile.__exit__(None, None, None)
+        events = self._profile.events()
+        busy = sum(e.device_time_total for e in events if e.device_type == DeviceType.CUDA) / 1e6
+        names = [e.name for e in events if e.device_type == DeviceType.CPU]
+        self.result = {
+            "steps": self.steps,
+            "wall_s": wall,
+            "device_busy_s": busy,
+            "busy_share": busy / wall,
+            "kernel_launches": sum(n.startswith("cudaLaunchKernel") for n in names),
+            "host_synchronisations": sum("Synchronize" in n for n in names),
+        }
+        self._profile = None
+
+
+def _synchronize(cuda: bool) -> None:
+    if cuda:
+        torch.cuda.synchronize()
+
+
+def measure(cfg: Any, busy: BusyWindow | None = None) -> dict[str, Any]:
+    """Two fits of ``cfg``: one counting each cycle end's and jump's operations, one timing them (and profiling
+    ``busy``'s window); medians."""
+    out: dict[str, Any] = {}
+    for counting in (True, False):
+        profiled = [busy] if busy is not None and not counting else []
+        with timed_jumps(counting) as seen:
+            trainer, model, data, _ = build_run(cfg, hybrid=True, extra_callbacks=profiled)
+            trainer.fit(model, data)
+        for name, calls in seen.items():
+            figures = out.setdefault(name, {"calls": len(calls)})
+            for key in calls[0] if calls else ():
+                figures[key] = statistics.median(c[key] for c in calls)
+            if not counting and calls:
+                figures["ms_max"] = max(c["ms"] for c in calls)
+    out["tensors"] = sum(1 for p in model.parameters() if p.requires_grad)
+    return out | ({"busy": busy.result} if busy else {})
