@@ -128,7 +128,7 @@ def offload(call: Call) -> dict[str, Any]:
     return out
 
 
-OUTER_CYCLES = ["hybrid.warmup_steps=20", "hybrid.full_steps=20"]
+OUTER_CYCLES = ["hybrid.warmup_steps=20", "hybrid.full_steps=20", "model.warmup_steps=10"]  # the rate's rise over
 OUTER_ON_DEVICE = [*HYBRID["outer_norm_restart"], "predictor.state_on_host=false"]
 OUTER_ON_HOST = [*HYBRID["outer_norm_restart"], "predictor.state_on_host=true"]
 
@@ -144,7 +144,8 @@ def outer_memory(call: Call) -> dict[str, Any]:
     from lightning_hybrid.callbacks import find_scheduler
     from lightning_hybrid.runner import build_run
 
-    steps, cycles = (40, ["hybrid.warmup_steps=5", "hybrid.full_steps=10"]) if call.dry else (120, OUTER_CYCLES)
+    dry_cycles = ["hybrid.warmup_steps=5", "hybrid.full_steps=10", "model.warmup_steps=0"]
+    steps, cycles = (40, dry_cycles) if call.dry else (120, OUTER_CYCLES)
     runs = {"plain": None, "outer_norm_restart": OUTER_ON_DEVICE, "state_on_host": OUTER_ON_HOST}
     out: dict[str, Any] = {}
 

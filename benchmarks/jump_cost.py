@@ -32,7 +32,9 @@ from benchmarks.tasks import GPT2_SHAPE
 from lightning_hybrid.engine.families.jumps import OuterJumps
 from lightning_hybrid.runner import build_run
 
+# a jump every cycle of 20 steps after 20; the rate's warm-up ends before the first (no jump is made on a rising rate)
 JUMPING = ["predictor=outer", "predictor.verify_resolution=0", "hybrid.warmup_steps=20", "hybrid.full_steps=20"]
+JUMPING += ["model.warmup_steps=10"]
 SMALL_GPT2 = [*GPT2_SHAPE, "model.n_embd=64", "model.n_head=4", "data.block_size=64", "data.batch_size=8"]
 TIMED = {"cycle_end": "cycle_end", "jump": "_jump"}  # what is reported -> OuterJumps' method
 

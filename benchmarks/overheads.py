@@ -70,7 +70,7 @@ STEPS = {
 }
 PARTS = ("profile", "overhead", "rules", "memory")
 QUICK = {"profile": 40, "overhead": 20, "rounds": 1, "memory": 40, "rules": 60}
-QUICK_RULES = ["hybrid.warmup_steps=10", "hybrid.full_steps=10"]  # so that 60 steps hold jumps
+QUICK_RULES = ["hybrid.warmup_steps=10", "hybrid.full_steps=10", "model.warmup_steps=5"]  # 60 steps hold jumps
 COMPONENTS = {
     "state encoding": ("encoder", ("observe", "features", "loss_trend")),
     "predictor observe + online training": ("predictor", ("observe",)),

@@ -17,6 +17,7 @@ import torch
 from lightning.fabric.utilities.init import _materialize_distributed_module
 from lightning.fabric.utilities.optimizer import _optimizers_to_device
 from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.strategies.strategy import _ForwardRedirection
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 from torch.distributed.tensor import DTensor
@@ -37,8 +38,9 @@ class FullyShardedStrategy(ModelParallelStrategy):
 
     Unless the module's ``configure_model`` already applied ``fully_shard``, the strategy shards every module whose
     class is in ``auto_wrap_policy`` and then the whole model, over all ranks (Lightning's
-    ``ModelParallelStrategy`` alone requires the module to shard itself). Checkpoints are sharded (a folder with
-    one file per rank).
+    ``ModelParallelStrategy`` alone requires the module to shard itself). Each step runs inside the module's own
+    call, so a step that calls a submodule (``self.net(x)``) finds its parameters gathered. Checkpoints are sharded
+    (a folder with one file per rank).
 
     Args:
         auto_wrap_policy: module classes to shard as separate units (for example the transformer block), so only
@@ -91,6 +93,35 @@ class FullyShardedStrategy(ModelParallelStrategy):
         if trainer.state.fn == TrainerFn.FITTING:
             _optimizers_to_device(self.optimizers, self.root_device)
 
+    # ---------------------------------------------------------------------------- steps through the root's call
+    @override
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        with self.precision_plugin.train_step_context():
+            return self._through_root("training_step", *args, **kwargs)
+
+    @override
+    def validation_step(self, *args: Any, **kwargs: Any) -> Any:
+        with self.precision_plugin.val_step_context():
+            return self._through_root("validation_step", *args, **kwargs)
+
+    @override
+    def test_step(self, *args: Any, **kwargs: Any) -> Any:
+        with self.precision_plugin.test_step_context():
+            return self._through_root("test_step", *args, **kwargs)
+
+    @override
+    def predict_step(self, *args: Any, **kwargs: Any) -> Any:
+        with self.precision_plugin.predict_step_context():
+            return self._through_root("predict_step", *args, **kwargs)
+
+    def _through_root(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Run the module's ``method`` inside its own ``__call__``, as Lightning runs a step through a wrapper:
+        ``fully_shard`` changes the module in place, and its hooks gather the parameters only when the module
+        itself is called. Most steps call a submodule (``self.net(x)``) or its methods (an LSTM's
+        ``init_hidden``), which would meet the parameters still sharded."""
+        assert self.model is not None and self.lightning_module is not None
+        return _CallRoot()(self.model, self.lightning_module, method, *args, **kwargs)
+
     def _shard(self, model: Module) -> None:
         from torch.distributed.fsdp import fully_shard
 
@@ -99,6 +130,15 @@ class FullyShardedStrategy(ModelParallelStrategy):
             if module is not model and type(module) in self.auto_wrap_policy:
                 fully_shard(module, mesh=mesh)
         fully_shard(model, mesh=mesh)
+
+
+class _CallRoot(_ForwardRedirection):
+    """Lightning's forward redirection where the wrapper is the module itself: afterwards the module's own
+    ``forward`` is its class's again (no instance attribute left behind)."""
+
+    @override
+    def on_after_outer_forward(self, wrapper_module: Module, original_module: Module) -> None:
+        original_module.__dict__.pop("forward", None)
 
 
 class HybridFSDPStrategy(HybridStrategyMixin, FullyShardedStrategy):

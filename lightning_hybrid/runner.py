@@ -15,9 +15,10 @@ import lightning as L
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from lightning_hybrid.callbacks import find_scheduler
+from lightning_hybrid.callbacks.routing import changed_settings
 from lightning_hybrid.comparison import COUNTS, RunResult, comparison_table, plot_comparison
 from lightning_hybrid.meter import RunMeter
 from lightning_hybrid.resume import LAST, check_checkpoint, find_checkpoint
@@ -62,8 +63,10 @@ def build_run(cfg: DictConfig, hybrid: bool, extra_callbacks: Sequence[L.Callbac
     checkpoints = [cb for cb in callbacks if isinstance(cb, ModelCheckpoint)]
     for checkpoint in checkpoints:  # each run of mode=compare keeps its own
         checkpoint.dirpath = os.path.join(checkpoint.dirpath, label) if checkpoint.dirpath else None
-    if hybrid:
-        callbacks += _build(cfg.hybrid, predictor=_build(cfg.predictor))
+    if hybrid:  # the hybrid settings the user set: the app's defaults are not the user's (none is warned about)
+        settings = OmegaConf.to_container(cfg.hybrid, resolve=True)
+        target = settings.pop("_target_")
+        callbacks += _build({"_target_": target, **changed_settings(settings)}, predictor=_build(cfg.predictor))
     logger = _build(cfg.logger, version=label) if cfg.get("logger") else False
     trainer = _build(
         cfg.trainer,

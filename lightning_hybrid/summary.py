@@ -29,6 +29,7 @@ class RunCounters:
     jumps_rejected: int = 0  # counted in `rollbacks` too
     jump_restarts: int = 0  # jumps not made: the cycle pointed against the outer momentum, which restarted
     jumps_blind: int = 0  # jumps not made: the cycle's losses spread too widely for the delayed verdict to judge
+    rising_lr_cycles: int = 0  # jumps not made: the learning rate rose over the cycle (a warm-up)
     invalid_plans: int = 0
     end_of_fit_rollbacks: int = 0  # segments still unverified when training ended
     nonfinite_steps_skipped: int = 0

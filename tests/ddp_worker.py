@@ -9,16 +9,19 @@ under FSDP) to ``<out>/<scenario>/rank<R>.pt``.
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from lightning_hybrid import HybridDDPStrategy, HybridFSDPStrategy, hybrid_callbacks
+from lightning_hybrid import FullyShardedStrategy, HybridDDPStrategy, HybridFSDPStrategy, hybrid_callbacks
+from lightning_hybrid.callbacks import find_scheduler
 from lightning_hybrid.predictors import OuterMomentum
 from tests.helpers import (
     DEFAULT_JUMPING,
@@ -32,9 +35,9 @@ from tests.helpers import (
     hybrid_trainer,
     loader,
     resume_callbacks,
-    scheduler_of,
     snoo,
 )
+from tests.user_modules import ManualNetGPT2, NetGPT2, NetLSTM, token_loader
 
 RULES = {  # `outer` without the default's guards, then with each, then the defaults (on short cycles)
     "outer": snoo,
@@ -49,6 +52,25 @@ STRATEGIES = {
     "fsdp": HybridFSDPStrategy,
     "fsdp-per-layer": partial(HybridFSDPStrategy, auto_wrap_policy={torch.nn.Linear}),
 }
+# modules as users write them (tests/user_modules.py): the model, and its per-layer policy under FSDP
+USER_MODULES = {
+    "gpt2": (NetGPT2, "transformers.models.gpt2.modeling_gpt2.GPT2Block"),
+    "lstm": (NetLSTM, "torch.nn.LSTM"),
+    "gpt2_manual": (ManualNetGPT2, "transformers.models.gpt2.modeling_gpt2.GPT2Block"),
+}
+
+
+def _strategy(name: str, kind: str) -> Any:
+    """``ddp``, ``fsdp`` and ``fsdp-per-layer`` (hybrid), or ``plain-fsdp-per-layer`` (plain Lightning's FSDP);
+    per layer, a user module's own layer class."""
+    plain, name = name.startswith("plain-"), name.removeprefix("plain-")
+    if kind in USER_MODULES and name == "fsdp-per-layer":
+        module, _, cls = USER_MODULES[kind][1].rpartition(".")
+        policy = {getattr(importlib.import_module(module), cls)}
+        return (FullyShardedStrategy if plain else HybridFSDPStrategy)(
+            auto_wrap_policy=policy, process_group_backend="gloo"
+        )
+    return STRATEGIES[name](process_group_backend="gloo")
 
 
 class Record(L.Callback):
@@ -59,8 +81,9 @@ class Record(L.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, idx):
         if self.first_batch is None:
             self.first_batch = batch[0].clone()
-        scheduler = scheduler_of(trainer)
-        self.phases.append(int(scheduler.phase))
+        scheduler = find_scheduler(trainer)
+        if scheduler is not None:  # none in a plain run
+            self.phases.append(int(scheduler.phase))
 
 
 FRESH_RNG = torch.random.get_rng_state()  # each scenario starts from it, as in a process of its own
@@ -79,6 +102,9 @@ def main(out_dir: str, kind: str, nodes: int = 1, resume: str | None = None, str
         callbacks = resume_callbacks("exploding")
     elif kind in RULES:
         callbacks = hybrid_callbacks(predictor=RULES[kind](), **RULE_PHASES)
+    elif kind in USER_MODULES:  # the defaults, jumping on short cycles; none in a plain run
+        plain = strategy.startswith("plain-")
+        callbacks = [] if plain else hybrid_callbacks(predictor=OuterMomentum(**DEFAULT_JUMPING), **RULE_PHASES)
     else:  # a learned predictor with the bandit timing steps in wall-clock seconds, which differ per rank
         callbacks = hybrid_callbacks(predictor=kind, **FAST_PHASES, **LEARNED[kind])
     extra: list[L.Callback] = [record]
@@ -91,27 +117,37 @@ def main(out_dir: str, kind: str, nodes: int = 1, resume: str | None = None, str
         enable_checkpointing=resume == "save",
         devices=2 // nodes,
         num_nodes=nodes,
-        strategy=STRATEGIES[strategy](process_group_backend="gloo"),
+        strategy=_strategy(strategy, kind),
         logger=False,
         default_root_dir=out_dir,
     )
-    model = MuonModel() if kind == "muon" else RegressionModel(scheduler=True, optimizer=optimizer or "adam", lr=1e-2)
+    if kind in USER_MODULES:
+        model, data = USER_MODULES[kind][0](), token_loader()
+    else:
+        model = (
+            MuonModel() if kind == "muon" else RegressionModel(scheduler=True, optimizer=optimizer or "adam", lr=1e-2)
+        )
+        data = loader(512, batch_size=16)
     ckpt_path = resume if resume not in (None, "save") else None
-    trainer.fit(model, loader(512, batch_size=16), ckpt_path=ckpt_path)  # 16 steps per epoch and rank
-    scheduler = scheduler_of(trainer)
+    trainer.fit(model, data, ckpt_path=ckpt_path)  # 16 steps per epoch and rank
+    scheduler, rule = find_scheduler(trainer), kind in RULES or kind in USER_MODULES
     Path(out_dir).mkdir(parents=True, exist_ok=True)
+    if scheduler is None:  # plain Lightning: what it trained
+        plain = {"params": flat_params(model), "steps": trainer.global_step}
+        torch.save(plain, f"{out_dir}/rank{trainer.global_rank}.pt")
+        return
     torch.save(
         {
             "phases": record.phases,
             "first_batch": record.first_batch,
             "params": flat_params(model),
             "local_numel": sum(t.numel() for g in scheduler.predictor.predictor.directions() for t in g)
-            if kind not in RULES
+            if not rule
             else None,
             "summary": scheduler.summary(),
             "monitor": scheduler.monitor.state_dict(),
             "loss_trend": scheduler.predictor.predictor.state_dict().get("trend"),
-            "rule": scheduler.predictor.predictor.state_dict() if kind in RULES else None,
+            "rule": scheduler.predictor.predictor.state_dict() if rule else None,
         },
         f"{out_dir}/rank{trainer.global_rank}.pt",
     )

@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 import sys
+import warnings
 from dataclasses import fields
 from pathlib import Path
 
@@ -70,6 +71,7 @@ def test_the_quick_start_job_jumps_and_compare_reports_the_jumps(tmp_path, caplo
     base = [o for o in APP_TRAINER if not o.startswith("predictor")]
     base += ["hybrid.full_steps=3", "predictor.verify_window=2"]
     base += ["predictor.restart=false"]  # 3 jumps: none left out by a turning cycle
+    base += ["model.warmup_steps=0"]  # no rate warm-up: the default makes no jump while the rate rises
     with caplog.at_level(logging.INFO):
         run(app_config(tmp_path, "mode=compare", base=base + APP_SMALL_GPT))
     result = json.loads((tmp_path / "compare.json").read_text())
@@ -84,7 +86,7 @@ def test_the_quick_start_job_jumps_and_compare_reports_the_jumps(tmp_path, caplo
 
 # what the learning-rate harness measured as `outer_norm_restart_res` (docs/performance.md): the defaults must be it
 MEASURED_RULE = {"outer_lr": 0.7, "outer_momentum": 0.5, "alignment_window": 0, "keep_norms": True, "restart": True}
-MEASURED_RULE |= {"verify_window": 10, "verify_sigmas": 2.0, "verify_resolution": 0.2}
+MEASURED_RULE |= {"verify_window": None, "verify_sigmas": 2.0, "verify_resolution": 0.2}  # the window: half the cycle
 MEASURED_PHASES = {"warmup_steps": 100, "full_steps": 20}
 MEASURED_MONITOR = {"z_threshold": 4.0}
 
@@ -118,6 +120,34 @@ def test_compare_without_prediction_gives_identical_runs(tmp_path):
     run(app_config(tmp_path, "mode=compare", "hybrid.enable_prediction=false"))
     result = json.loads((tmp_path / "compare.json").read_text())
     assert result["plain"]["val_loss"] == result["hybrid"]["val_loss"]  # same seed, same batches, bit for bit
+
+
+@pytest.mark.parametrize("full_steps", [2, 5])
+def test_a_cycle_length_set_alone_trains_and_jumps_in_the_app(tmp_path, full_steps):
+    """The default rule with only the cycle changed (the window follows it), a short warmup and the verdict's
+    noise limit off so that this tiny GPT jumps."""
+    base = [o for o in APP_TRAINER if not o.startswith("predictor")] + APP_SMALL_GPT
+    overrides = [f"hybrid.full_steps={full_steps}", "predictor.verify_resolution=0", "trainer.max_steps=30"]
+    overrides += ["model.warmup_steps=0"]  # no rate warm-up: the default makes no jump while the rate rises
+    run(app_config(tmp_path, *overrides, base=base))
+    summary = json.loads((tmp_path / "tensorboard" / "hybrid" / "hybrid_summary.json").read_text())
+    assert summary["jumps_made"] >= 1 and summary["settings"]["verify_window"] == max(1, full_steps // 2)
+
+
+def test_the_apps_defaults_warn_about_no_setting_the_user_did_not_set(tmp_path):
+    """The Quick start's config passes every hybrid setting at its default: none is the user's, none is warned
+    about (a per-step setting the user does set still is)."""
+    from lightning_hybrid.runner import build_run
+
+    def said(*overrides: str) -> list[str]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            build_run(app_config(tmp_path, "mode=compare", *overrides, base=APP_SMALL_GPT), hybrid=True)
+        return [str(w.message) for w in caught if "hybrid:" in str(w.message)]
+
+    assert said() == []
+    told = said("hybrid.max_predict_steps=7")
+    assert len(told) == 1 and "`max_predict_steps` belongs to the per-step mode" in told[0]
 
 
 def test_plain_mode_uses_no_hybrid_callbacks(tmp_path):

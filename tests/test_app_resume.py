@@ -25,6 +25,7 @@ BASE = [o for o in APP_TRAINER if not o.startswith(("callbacks=", "trainer.max_s
 BASE += [f"trainer.max_steps={STEPS}", "~callbacks.progress_bar"]
 BASE += ["callbacks.model_checkpoint.save_top_k=-1", "callbacks.model_checkpoint.monitor=null"]
 OUTER = [o for o in BASE if not o.startswith("predictor")] + ["predictor=outer", "predictor.verify_window=2"]
+OUTER += ["model.warmup_steps=0"]  # no rate warm-up: the default makes no jump while the rate rises
 
 
 def _run(out: Path, *overrides: str, predictor: str = "linear") -> None:

@@ -19,11 +19,13 @@ from tests.helpers import RegressionModel, hybrid_trainer, loader, scheduler_of
     [
         ("lightning.fabric.utilities.init", "_materialize_distributed_module"),
         ("lightning.fabric.utilities.optimizer", "_optimizers_to_device"),
+        ("lightning.pytorch.strategies.strategy", "_ForwardRedirection"),
     ],
 )
 def test_the_fsdp_setup_finds_lightnings_helpers(module, name):
     """``HybridFSDPStrategy.setup`` is ``ModelParallelStrategy.setup`` with the sharding done for the module; it
-    calls the two helpers Lightning's own setup calls."""
+    calls the two helpers Lightning's own setup calls, and runs each step through the module's own call with
+    Lightning's forward redirection."""
     assert hasattr(importlib.import_module(module), name), (
         f"Lightning {L.__version__} has no {module}.{name}: HybridFSDPStrategy.setup (fsdp.py) must follow "
         "ModelParallelStrategy.setup of this release"

@@ -68,6 +68,14 @@ def test_the_readme_yaml_with_short_cycles_steps_aside_on_noise_and_jumps_where_
     assert summary["settings"]["verify_resolution"] == 0
 
 
+def test_a_cycle_length_set_alone_under_the_schedulers_init_args_trains_and_jumps(tmp_path):
+    """``full_steps: 5`` with the window left to follow it (2 steps), not refused for the 10 of a 20-step cycle."""
+    yaml = readme_yaml().replace("warmup_steps: 100", "warmup_steps: 5").replace("full_steps: 20", "full_steps: 5")
+    trainer = _fit(tmp_path, yaml + "        verify_resolution: 0\n", 30).trainer
+    summary = scheduler_of(trainer).summary(trainer)
+    assert summary["jumps_made"] >= 1 and summary["settings"]["verify_window"] == 2
+
+
 def test_the_rules_settings_under_the_schedulers_init_args_are_the_ones_it_trains_with(tmp_path):
     trainer = _fit(tmp_path, readme_yaml().replace("outer_lr: 0.7", "outer_lr: 0.5"), 12).trainer
     scheduler = scheduler_of(trainer)

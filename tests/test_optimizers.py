@@ -141,7 +141,8 @@ def test_the_muon_experiment_trains_under_the_default_rule_in_the_app(tmp_path):
     """``experiment=muon_gpt``: Muon for the hidden matrices, AdamW for the rest; the schedule in batches."""
     cfg = app_config(
         tmp_path, "experiment=muon_gpt", "trainer.max_steps=40", "hybrid.warmup_steps=4", "hybrid.full_steps=4",
-        "predictor.verify_window=2", "trainer.val_check_interval=5", base=[*APP_BASE, *APP_SMALL_GPT],
+        "predictor.verify_window=2", "trainer.val_check_interval=5", "model.warmup_steps=0",
+        base=[*APP_BASE, *APP_SMALL_GPT],
     )  # fmt: skip
     assert cfg.model.max_steps == 20  # 40 global steps: 20 batches of two optimizer steps
     run(cfg)

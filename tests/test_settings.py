@@ -70,8 +70,6 @@ def test_a_setting_far_from_any_points_to_the_reference():
 
 
 def test_a_setting_given_to_the_wrong_place_names_its_place():
-    with pytest.raises(TypeError, match="`outer_lr` is a setting of predictor='outer', not of predictor='linear'"):
-        hybrid_callbacks(predictor="linear", outer_lr=0.5)
     with pytest.raises(TypeError, match=r"`z_threshold` is a setting of DivergenceMonitor; set it there"):
         HybridScheduler(z_threshold=3.0)
     with pytest.raises(TypeError, match="`decay` is a setting of predictor='linear', not of predictor='outer'"):
@@ -85,13 +83,19 @@ def test_the_scheduler_takes_the_default_rules_settings_and_checks_them_when_bui
         HybridScheduler(outer_lr=5)
 
 
-def test_per_step_settings_under_the_default_rule_warn_naming_their_mode():
+def test_the_other_modes_settings_are_checked_and_warned_about_never_refused():
+    """One treatment for a setting the running mode does not read, a component's or another predictor's: it is
+    checked by its owner (a bad value fails as it would there) and warned about once, naming its mode."""
     with pytest.warns(
         UserWarning,
-        match=r"`max_predict_steps`, `confidence_threshold`, `max_correction_factor` belong to "
+        match=r"`max_predict_steps`, `confidence_threshold`, `max_correction_factor`, `decay` belong to "
         r"the per-step mode \(predictor='linear', 'mlp' or 'rssm'\); predictor='outer' runs the jumps mode",
     ):
-        hybrid_callbacks(max_predict_steps=5, confidence_threshold=0.9, max_correction_factor=3.0)
+        hybrid_callbacks(max_predict_steps=5, confidence_threshold=0.9, max_correction_factor=3.0, decay=0.9)
+    with pytest.warns(UserWarning, match=r"`outer_lr` belongs to the jumps mode \(predictor='outer'\); predictor="):
+        hybrid_callbacks(predictor="linear", outer_lr=0.5)
+    with pytest.raises(ValueError, match=r"LinearPredictor: `decay` must be a finite number in"):
+        hybrid_callbacks(decay=5.0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         hybrid_callbacks(predictor="linear", max_predict_steps=5, confidence_threshold=0.9)  # read: no warning
@@ -157,3 +161,27 @@ def test_component_settings_are_validated(factory, pattern):
 def test_small_validation_gaps_are_closed(settings, match):
     with pytest.raises(ValueError, match=match):
         hybrid_callbacks(**settings)
+
+
+@pytest.mark.parametrize("full_steps", [2, 3, 5, 9, 20, 100])
+def test_any_cycle_length_set_alone_trains_and_jumps(full_steps):
+    """The verdict's window follows the cycle (half of it, 10 for the default 20): a cycle length set alone is never
+    refused for a window the user did not set, and the default jumps at it."""
+    from tests.helpers import RegressionModel, hybrid_trainer, loader, scheduler_of
+
+    trainer, _ = hybrid_trainer(100 + 4 * full_steps + 2, hybrid=hybrid_callbacks(full_steps=full_steps))
+    trainer.fit(RegressionModel(), loader(2048, batch_size=128))  # batches whose losses let the verdict see
+    summary = scheduler_of(trainer).summary()
+    assert summary["settings"]["verify_window"] == max(1, full_steps // 2)
+    assert summary["jumps_made"] >= 1 and summary["steps_total"] == trainer.global_step
+
+
+def test_a_window_set_longer_than_the_cycle_set_with_it_is_refused_before_training():
+    from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+    from tests.helpers import RegressionModel, hybrid_trainer, loader
+
+    trainer, _ = hybrid_trainer(10, hybrid=hybrid_callbacks(full_steps=5, verify_window=6))
+    with pytest.raises(MisconfigurationException, match=r"`verify_window` must be at most full_steps \(5\).*got 6"):
+        trainer.fit(RegressionModel(), loader())
+    assert trainer.global_step == 0

@@ -45,8 +45,8 @@ def hybrid_callbacks(
     :class:`DivergenceMonitor`, :class:`ResidualCorrector`, :class:`HorizonBandit`, :class:`DynamicsPredictor`
     (``feature_dim``), or the named predictor (e.g. ``outer_lr`` of ``outer``, ``decay`` of ``linear``). An
     unknown name raises ``TypeError`` with the closest known ones; a setting the chosen mode does not read (a
-    per-step setting under ``outer``) is checked and warned about. The per-step mode's components (the corrector,
-    the bandit) are listed only for the per-step predictors.
+    per-step setting under ``outer``, another predictor's ``decay``) is checked by its owner and warned about,
+    once. The per-step mode's components (the corrector, the bandit) are listed only for the per-step predictors.
     """
     check_optional_bool("hybrid_callbacks", "bandit", bandit)
     named = not isinstance(predictor, (Predictor, TrajectoryRule))
@@ -57,8 +57,13 @@ def hybrid_callbacks(
     known = owned_settings()
     known["predictor"] = predictor_settings(predictor) if named else []
     owners: dict[str, dict[str, Any]] = {owner: {} for owner in known}
+    elsewhere: dict[str, dict[str, Any]] = {}  # another predictor's settings, by that predictor: checked, not read
     for name, value in settings.items():
         matches = [o for o, names in known.items() if name in names]
+        other = next((p for p in PREDICTORS if named and name in predictor_settings(p)), None)
+        if not matches and other is not None:
+            elsewhere.setdefault(other, {})[name] = value
+            continue
         if not matches:
             raise TypeError(_unknown(name, predictor, known))
         if len(matches) > 1:
@@ -73,7 +78,10 @@ def hybrid_callbacks(
     ]
     corrector = ResidualCorrector(**owners["corrector"])  # built either way: its settings are checked either way
     horizon_bandit = HorizonBandit(**owners["bandit"])
-    unread = ignored(family, {o: v for o, v in owners.items() if o != "predictor"})
+    for other, given in elsewhere.items():  # a bad value fails as it would with that predictor
+        PREDICTORS[other](**given)
+    given = {o: v for o, v in owners.items() if o != "predictor"}
+    unread = ignored(family, given) + [name for named in elsewhere.values() for name in named]
     if unread:
         rank_zero_warn(ignored_message(family, callbacks[1].name, unread))
         callbacks[0].told_ignored = set(unread)  # said once: the scheduler does not say it again before training

@@ -58,7 +58,8 @@ class OuterMomentum(TrajectoryRule):
             its free memory as training starts; then in host memory, and the run says so. On a CPU the host is the
             device, so it changes nothing there.
         verify_window: ordinary steps at the end of the cycle after a jump whose mean loss keeps or undoes the jump
-            (at most ``full_steps``); 0 keeps every jump unchecked and holds no copy of it.
+            (at most ``full_steps``); 0 keeps every jump unchecked and holds no copy of it. ``None`` (the default):
+            half the cycle, ``full_steps // 2`` (10 for the default 20), so any cycle length set alone trains.
         verify_sigmas: a jump is undone when that mean exceeds the window's mean before the jump by more than this
             many standard errors (> 0). A useful jump often raises the loss at first and pays once the optimizer
             has settled, so judging it right after would reject exactly those.
@@ -80,7 +81,7 @@ class OuterMomentum(TrajectoryRule):
         keep_norms: bool = True,
         restart: bool = True,
         state_on_host: bool | None = None,
-        verify_window: int = 10,
+        verify_window: int | None = None,
         verify_sigmas: float = 2.0,
         verify_resolution: float = 0.2,
     ) -> None:
@@ -90,7 +91,10 @@ class OuterMomentum(TrajectoryRule):
         self.keep_norms = check_bool("OuterMomentum", "keep_norms", keep_norms)
         self.restart = check_bool("OuterMomentum", "restart", restart)
         self.state_on_host = check_optional_bool("OuterMomentum", "state_on_host", state_on_host, "on CUDA")
-        self.verify_window = check_int("OuterMomentum", "verify_window", verify_window, 0)
+        if verify_window is not None:
+            check_int("OuterMomentum", "verify_window", verify_window, 0)
+        self.verify_window = verify_window
+        self.window = self.window_for(20)  # the default cycle's, until the run's is known (follow_cycle)
         self.verify_sigmas = check_float("OuterMomentum", "verify_sigmas", verify_sigmas, 0.0, open_low=True)
         self.verify_resolution = check_float("OuterMomentum", "verify_resolution", verify_resolution, 0.0)
         super().__init__()
@@ -106,15 +110,23 @@ class OuterMomentum(TrajectoryRule):
         """Whether a jump moves the weights at all (``η = 1, μ = 0`` is plain training: no jump, nothing to check)."""
         return self.outer_lr != 1.0 or self.outer_momentum > 0
 
+    def window_for(self, full_steps: int) -> int:
+        """The verdict's window for cycles of ``full_steps``: ``verify_window``, or by default half the cycle."""
+        return self.verify_window if self.verify_window is not None else max(1, full_steps // 2)
+
+    def follow_cycle(self, full_steps: int) -> None:
+        """Take the run's cycle length: the default window follows it."""
+        self.window = self.window_for(full_steps)
+
     def tolerance(self, spread: float) -> float:
         """How much higher the window's mean loss after a jump may be than before it, for losses that spread by
         ``spread`` within a window: ``verify_sigmas`` standard errors of the difference of two window means."""
-        return self.verify_sigmas * spread * math.sqrt(2.0 / self.verify_window)
+        return self.verify_sigmas * spread * math.sqrt(2.0 / self.window)
 
     def blind(self, mean: float, spread: float) -> bool:
         """Whether the delayed verdict could not see a jump's harm, judged on a window of ``mean`` loss whose losses
         spread by ``spread``: its margin would exceed ``verify_resolution`` of the loss."""
-        if self.verify_resolution == 0 or self.verify_window == 0:
+        if self.verify_resolution == 0 or self.window == 0:
             return False
         return self.tolerance(spread) > self.verify_resolution * abs(mean)
 

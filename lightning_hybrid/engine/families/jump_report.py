@@ -55,13 +55,13 @@ class JumpReport:
         jump_sq, weights_sq = readings.size.tolist() if readings.size is not None else (math.nan, math.nan)
         out["hybrid/jump_size"] = math.sqrt(jump_sq / weights_sq) if weights_sq > 0 else math.nan
         out["hybrid/cycle_margin"] = readings.cycle_margin
-        if rule.verify_resolution > 0 and rule.verify_window > 0:
+        if rule.verify_resolution > 0 and rule.window > 0:
             out["hybrid/verify_resolution"] = rule.verify_resolution
         return out
 
     def progress(self) -> dict[str, str]:
         c = self.engine.record.counters
-        if self.engine.parts.predictor.verify_window == 0:  # nothing is judged: nothing kept or undone to show
+        if self.engine.parts.predictor.window == 0:  # nothing is judged: nothing kept or undone to show
             return {"jumps": str(c.jumps_made)}
         shown = {"jumps kept": f"{c.jumps_kept}/{c.jumps_made}"}
         if c.jumps_rejected:
@@ -79,6 +79,7 @@ class JumpReport:
                 "end_of_fit": e.record.counters.end_of_fit_rollbacks,
             },
             "jumps_switched_off": e.policy.prediction_off,
+            "rising_lr_cycles": e.record.counters.rising_lr_cycles,
         }
         if self.alignment_window:
             alignments = self.state.alignments
@@ -98,6 +99,7 @@ class JumpReport:
         if at_end:
             line += f" ({at_end} at the end of fit, before its verdict)"
         without = {"momentum_restarts": "restarted the momentum instead", "blind_cycles": "too noisy to judge a jump"}
+        without["rising_lr_cycles"] = "on a rising learning rate"
         said = [f"{counted(summary[key], 'cycle')} {what}" for key, what in without.items() if summary[key]]
         lines = [line + (f"; {'; '.join(said)}" if said else "")]
         if summary["jumps_switched_off"]:
