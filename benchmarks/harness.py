@@ -51,6 +51,8 @@ SIZES = {  # overrides of the character GPT; parameters: 1.07M, 25.5M and 85M
     "85M": [o for o in TASKS["char_gpt_gpt2"].overrides if not o.startswith("model.lr=")],  # the GPT-2 shape
     # the same model on 4x the batch: the backward's activations, not the optimizer step, make the fit's peak
     "25M_batch32": ["model.n_layer=8", "model.n_embd=512", "model.n_head=8", "data.batch_size=32"],
+    # a few thousand parameters: the suite runs the drivers on it so that they cannot rot (its figures mean nothing)
+    "tiny": ["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "data.batch_size=8", "data.max_bytes=20000"],
 }
 # per-step prediction as often as possible, so every component is exercised many times
 PREDICTING = [  # predict as often as possible, so every component is exercised many times

@@ -18,7 +18,7 @@ import argparse
 
 import lightning as L
 
-from lightning_hybrid import hybrid_callbacks
+from lightning_hybrid import HybridProgressBar, hybrid_callbacks
 from lightning_hybrid.demos.char_gpt import CharGPT, StdlibText
 from lightning_hybrid.predictors import PREDICTORS
 
@@ -47,7 +47,7 @@ def main() -> None:
         max_steps=args.max_steps,
         devices=args.devices,
         strategy="auto" if args.plain else args.strategy,
-        callbacks=[] if args.plain else callbacks,
+        callbacks=[HybridProgressBar(), *([] if args.plain else callbacks)],
         val_check_interval=min(100, args.max_steps),
         limit_val_batches=20,
         default_root_dir=args.root,

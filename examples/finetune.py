@@ -18,7 +18,7 @@ import argparse
 
 import lightning as L
 
-from lightning_hybrid import hybrid_callbacks
+from lightning_hybrid import HybridProgressBar, hybrid_callbacks
 from lightning_hybrid.demos.finetune import FineTuneGPT, PydocText
 from lightning_hybrid.predictors import PREDICTORS
 
@@ -40,7 +40,7 @@ def main() -> None:
     trainer = L.Trainer(
         max_steps=args.max_steps,
         strategy="auto" if args.plain else "hybrid",
-        callbacks=[] if args.plain else hybrid_callbacks(args.predictor, warmup_steps=20),
+        callbacks=[HybridProgressBar(), *([] if args.plain else hybrid_callbacks(args.predictor, warmup_steps=20))],
         val_check_interval=min(25, args.max_steps),
         check_val_every_n_epoch=None,
         limit_val_batches=20,

@@ -16,7 +16,7 @@ import argparse
 
 import lightning as L
 
-from lightning_hybrid import hybrid_callbacks
+from lightning_hybrid import HybridProgressBar, hybrid_callbacks
 from lightning_hybrid.demos.char_gpt import StdlibText
 from lightning_hybrid.demos.muon_gpt import MuonGPT
 
@@ -33,9 +33,9 @@ def main() -> None:
     L.seed_everything(args.seed)
     model = MuonGPT(max_steps=args.max_steps, lr=args.lr)
     trainer = L.Trainer(
-        max_steps=2 * args.max_steps,  # Lightning counts a step per optimizer
+        max_steps=2 * args.max_steps,  # Lightning counts a step per optimizer: its messages say twice the batches
         strategy="auto" if args.plain else "hybrid",
-        callbacks=[] if args.plain else hybrid_callbacks(),
+        callbacks=[HybridProgressBar(), *([] if args.plain else hybrid_callbacks())],
         val_check_interval=min(100, args.max_steps),
         limit_val_batches=20,
         default_root_dir=args.root,
@@ -44,7 +44,8 @@ def main() -> None:
     data = StdlibText(seed=args.seed)
     trainer.fit(model, data)
     final = trainer.validate(model, data, verbose=False)[0]["val_loss"]
-    print(f"final val_loss: {final:.4f}")
+    batches = trainer.global_step // len(trainer.optimizers)
+    print(f"trained {batches} batches ({trainer.global_step} optimizer steps); final val_loss: {final:.4f}")
 
 
 if __name__ == "__main__":

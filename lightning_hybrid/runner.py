@@ -14,7 +14,8 @@ from typing import Any, NamedTuple
 import lightning as L
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.fabric.utilities.seed import _collect_rng_states, _set_rng_states
+from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from omegaconf import DictConfig, OmegaConf
 
 from lightning_hybrid.callbacks import find_scheduler
@@ -60,6 +61,9 @@ def build_run(cfg: DictConfig, hybrid: bool, extra_callbacks: Sequence[L.Callbac
     meter = RunMeter(cfg.monitor)
     label = "hybrid" if hybrid else "plain"
     callbacks = [_build(node) for node in cfg.get("callbacks", {}).values()] + [meter, *extra_callbacks]
+    callbacks.append(SameStart(_collect_rng_states()))  # each run's batches drawn from the state its build left
+    if not cfg.trainer.get("enable_progress_bar", True):  # Lightning refuses a progress bar switched off
+        callbacks = [cb for cb in callbacks if not isinstance(cb, ProgressBar)]
     checkpoints = [cb for cb in callbacks if isinstance(cb, ModelCheckpoint)]
     for checkpoint in checkpoints:  # each run of mode=compare keeps its own
         checkpoint.dirpath = os.path.join(checkpoint.dirpath, label) if checkpoint.dirpath else None
@@ -76,6 +80,21 @@ def build_run(cfg: DictConfig, hybrid: bool, extra_callbacks: Sequence[L.Callbac
         enable_checkpointing=bool(checkpoints),
     )
     return Run(trainer, model, data, meter)
+
+
+class SameStart(L.Callback):
+    """Sets the random state, as the first epoch of a fit starts, to the one ``build_run`` left (seeded, the model
+    and data built): the batches of a ``shuffle=True`` loader without a generator of its own, and any random
+    draw of the first step, then come from that state in both runs of ``mode=compare``, whatever the first run or
+    the callbacks' setup drew before. A resumed fit is left as Lightning resumes it."""
+
+    def __init__(self, states: dict[str, Any]) -> None:
+        self.states: dict[str, Any] | None = states
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.states is not None and trainer.global_step == 0:
+            _set_rng_states(self.states)
+        self.states = None
 
 
 def _checkpoint(cfg: DictConfig, label: str, run: Run) -> Path | None:

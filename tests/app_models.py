@@ -23,14 +23,16 @@ class UserRegression(L.LightningModule):
 
 
 class UserData(L.LightningDataModule):
-    def __init__(self, size: int = 128) -> None:
+    """``shuffle``: an ordinary ``DataLoader(shuffle=True)``, its order drawn from the global random state."""
+
+    def __init__(self, size: int = 128, shuffle: bool = False) -> None:
         super().__init__()
         g = torch.Generator().manual_seed(0)
         x = torch.randn(size, 4, generator=g)
-        self.data = TensorDataset(x, x.sum(1, keepdim=True))
+        self.data, self.shuffle = TensorDataset(x, x.sum(1, keepdim=True)), shuffle
 
     def train_dataloader(self):
-        return DataLoader(self.data, batch_size=16)
+        return DataLoader(self.data, batch_size=16, shuffle=self.shuffle)
 
     def val_dataloader(self):
         return DataLoader(self.data, batch_size=64)

@@ -244,6 +244,37 @@ def test_a_users_own_module_and_data_via_target(tmp_path):
     assert scalars(tmp_path / "tensorboard" / "hybrid", "hybrid/phase") == list(range(APP_STEPS))
 
 
+def test_compare_trains_both_halves_on_the_same_batches_of_a_shuffled_loader(tmp_path):
+    """A user's module and a plain ``DataLoader(shuffle=True)`` (its order from the global random state), the
+    plugin's warm-up longer than the run: both halves train exactly as plain, so every validation agrees bitwise
+    (before, the hybrid half drew its order from the state the plain half had left)."""
+    cfg = app_config(
+        tmp_path,
+        "mode=compare",
+        "model=custom",
+        "model._target_=tests.app_models.UserRegression",
+        "data=custom",
+        "data._target_=tests.app_models.UserData",
+        "+data.shuffle=true",
+        "trainer.max_steps=24",
+        "trainer.val_check_interval=4",
+        "hybrid.warmup_steps=100",
+        base=[o for o in APP_TRAINER if not o.startswith(("predictor", "hybrid"))],
+    )
+    run(cfg)
+    result = json.loads((tmp_path / "compare.json").read_text())
+    plain, hybrid = result["plain"]["validations"], result["hybrid"]["validations"]
+    assert len(plain) == 6 and [v for *_, v in plain] == [v for *_, v in hybrid]
+    assert len({v for *_, v in plain}) == 6  # it trained: each validation differs from the last
+
+
+def test_the_progress_bar_switched_off_drops_the_apps_bar_instead_of_failing(tmp_path):
+    """``trainer.enable_progress_bar=false`` with the default callbacks (which list the hybrid bar): Lightning
+    refuses a bar callback when bars are off, so the app leaves it out."""
+    run(app_config(tmp_path, "callbacks=default", "trainer.enable_progress_bar=false"))
+    assert (tmp_path / "checkpoints" / "hybrid" / "last.ckpt").is_file()  # the other default callbacks ran
+
+
 def _cli(*args, cwd, base=APP_TINY):
     """Run a command line with the ``base`` overrides appended; they must not repeat a key of ``args``."""
     return subprocess.run([*args, *base], cwd=cwd, capture_output=True, text=True, timeout=600)

@@ -120,3 +120,5 @@ def test_the_muon_example_trains_two_optimizers_as_one_trajectory(tmp_path):
     (path,) = tmp_path.rglob("hybrid_summary.json")
     summary = json.loads(path.read_text())
     assert summary["steps_total"] == 30 and summary["mode"] == "jumps" and "stepped_aside" not in summary
+    assert "trained 30 batches (60 optimizer steps)" in out.stdout  # --max-steps counts batches, and says so
+    assert "phase=" in out.stdout and "Epoch 0/-2" not in out.stdout + out.stderr  # the hybrid bar, not Rich

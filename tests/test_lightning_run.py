@@ -345,7 +345,7 @@ def test_a_param_group_added_during_fit_is_predicted_from_its_next_cycle():
     assert watch.moved_by_predicted_steps(after=20), "the new param group was never moved by a predicted step"
 
 
-def test_checkpoints_and_validation_inside_a_segment_are_marked(tmp_path):
+def test_checkpoints_and_validation_inside_a_segment_are_marked(tmp_path, caplog):
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from tests.helpers import MemoryLogger, after_step, phases
@@ -362,18 +362,29 @@ def test_checkpoints_and_validation_inside_a_segment_are_marked(tmp_path):
         40, extra_callbacks=[checkpoints, validations], enable_checkpointing=True, logger=logger, val_check_interval=3,
         limit_val_batches=1,
     )  # fmt: skip
-    trainer.fit(RegressionModel(), loader(), loader(64))
+    with caplog.at_level("INFO"):
+        trainer.fit(RegressionModel(), loader(), loader(64))
     marked = {}
     for path in tmp_path.glob("step=*.ckpt"):
-        ckpt = torch.load(path, weights_only=False)
+        ckpt = torch.load(path, weights_only=True)  # a plain load finds the flag at the top level
         state = next(v for k, v in ckpt["callbacks"].items() if "HybridScheduler" in k)
-        marked[path.name] = (is_unverified_checkpoint(ckpt), state["family"]["snapshot"] is not None)
+        assert ckpt["hybrid_unverified"] == is_unverified_checkpoint(ckpt) == state["unverified"]
+        marked[path.name] = (ckpt["hybrid_unverified"], state["family"]["snapshot"] is not None)
     assert any(flag for flag, _ in marked.values()) and not all(flag for flag, _ in marked.values())
     assert all(holds_snapshot for flag, holds_snapshot in marked.values() if flag)  # resumable exactly
+    said = [r.getMessage() for r in caplog.records if "holds weights not yet verified" in r.getMessage()]
+    assert len(said) == 1  # once a fit, however many such checkpoints
     validated = validations.steps
-    unverified = set(after_step(logger, "hybrid/unverified"))  # logged with the validation, at its step
+    logged = after_step(logger, "hybrid/unverified")  # every validation, at its step: 1 unverified, 0 verified
     predict_steps = {s for s, phase in phases(logger).items() if phase == 2}
+    unverified = {step for step, value in logged.items() if value == 1.0}
+    assert set(logged) == validated and set(logged.values()) == {0.0, 1.0}
     assert unverified and unverified <= validated & predict_steps  # validated right after a predicted step
+    flagged = next(tmp_path / name for name, (flag, _) in sorted(marked.items()) if flag)
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        hybrid_trainer(41, logger=False)[0].fit(RegressionModel(), loader(), ckpt_path=flagged)
+    assert "resuming from a checkpoint whose weights were not yet verified" in caplog.text
 
 
 # ------------------------------------------------------------------------ what already worked, pinned

@@ -9,6 +9,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lightning_hybrid.callbacks.bandit import HorizonBandit
 from lightning_hybrid.callbacks.base import HybridComponent
+from lightning_hybrid.callbacks.checkpoint_flag import is_unverified_checkpoint
 from lightning_hybrid.callbacks.corrector import ResidualCorrector
 from lightning_hybrid.callbacks.memory import VRAMLogger
 from lightning_hybrid.callbacks.monitor import DivergenceMonitor
@@ -22,7 +23,7 @@ from lightning_hybrid.callbacks.routing import (
     predictor_settings,
     unknown_setting,
 )
-from lightning_hybrid.callbacks.scheduler import HybridScheduler, find_scheduler, is_unverified_checkpoint
+from lightning_hybrid.callbacks.scheduler import HybridScheduler, find_scheduler
 from lightning_hybrid.config import HybridConfig
 from lightning_hybrid.engine import family_of
 from lightning_hybrid.predictors import PREDICTORS, AnyPredictor, Predictor, TrajectoryRule

@@ -28,7 +28,7 @@ def log_step(pl_module: pl.LightningModule, metrics: dict[str, float]) -> None:
     pl_module.log_dict(metrics, **LOGGED)
 
 
-def log_unverified(pl_module: pl.LightningModule) -> None:
-    """Mark a validation that sees unverified weights, logged with its own metrics at its step (from a callback's
-    ``on_validation_start``)."""
-    pl_module.log("hybrid/unverified", 1.0, on_step=False, on_epoch=True, logger=True, batch_size=1)
+def log_unverified(pl_module: pl.LightningModule, unverified: bool) -> None:
+    """Whether a validation sees unverified weights (1) or verified ones (0), logged with its own metrics at its
+    step (from a callback's ``on_validation_start``)."""
+    pl_module.log("hybrid/unverified", float(unverified), on_step=False, on_epoch=True, logger=True, batch_size=1)

@@ -16,6 +16,7 @@ from typing_extensions import Unpack, override
 
 from lightning_hybrid.callbacks.bandit import HorizonBandit
 from lightning_hybrid.callbacks.base import HybridComponent
+from lightning_hybrid.callbacks.checkpoint_flag import UNVERIFIED, flag_checkpoint, say_resuming
 from lightning_hybrid.callbacks.monitor import DivergenceMonitor
 from lightning_hybrid.callbacks.predictor import DynamicsPredictor
 from lightning_hybrid.callbacks.routing import DEFAULT_RULE, SchedulerSettings, split_scheduler_settings
@@ -37,8 +38,6 @@ from lightning_hybrid.summary import RunCounters, format_summary
 from lightning_hybrid.tensorboard import write_layout
 
 SUMMARY_FILENAME = "hybrid_summary.json"
-UNVERIFIED = "unverified"  # in the scheduler's state: the checkpoint was written inside an unverified prediction
-OLD_UNVERIFIED_KEY = "hybrid_unverified_segment"  # where state version 2 kept that flag: at the checkpoint's top level
 
 
 class HybridScheduler(HybridComponent):
@@ -84,6 +83,7 @@ class HybridScheduler(HybridComponent):
         self._hooks: list[Any] = []
         self._in_step = False
         self._per_batch, self._seen = 1, 0  # optimizers stepping each batch; the global step last seen
+        self._said_unverified = False  # this fit has said that a checkpoint holds unverified weights
 
     @property
     def phase(self) -> Phase:
@@ -108,6 +108,7 @@ class HybridScheduler(HybridComponent):
         super().setup(trainer, pl_module, stage)
         if stage != "fit":
             return
+        self._said_unverified = False
         self.predictor = predictor_host(trainer, self, self._own_host, self.rule_settings)
         try:
             family = family_of(self.predictor.predictor)
@@ -217,10 +218,23 @@ class HybridScheduler(HybridComponent):
 
     @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Validation inside a segment sees unverified weights: mark it in the logs (``hybrid/unverified``, 1 at
-        that validation's step), so a reader of the curves knows which points may yet be rolled back."""
-        if trainer.state.fn == "fit" and self.engine.unverified:
-            log_unverified(pl_module)
+        """Validation inside a segment, or between a jump and its verdict, sees unverified weights: every
+        validation of a fit logs ``hybrid/unverified`` (1 there, 0 elsewhere), so a reader of the curves knows
+        which points may yet be rolled back."""
+        if trainer.state.fn == "fit" and self.engine.bound:
+            log_unverified(pl_module, self.engine.unverified)
+
+    @override
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
+        """Flag the checkpoint at its top level too (``checkpoint_flag``), and say so the first time a fit saves one
+        that holds unverified weights."""
+        self._said_unverified = flag_checkpoint(
+            checkpoint, self.engine.unverified, trainer.global_step, self._said_unverified
+        )
+
+    @override
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
+        say_resuming(checkpoint)
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -279,16 +293,6 @@ class HybridScheduler(HybridComponent):
         if version == 1:
             state = self.engine.migrate_v1(state)
         return {UNVERIFIED: False, **state}  # version 2 kept the flag at the checkpoint's top level
-
-
-def is_unverified_checkpoint(checkpoint: dict[str, Any]) -> bool:
-    """Whether a loaded checkpoint was written inside an unverified prediction (a Predict segment, or a jump
-    awaiting its verdict): it resumes exactly, but its model weights may yet be rolled back. Reads this release's
-    layout and the top-level flag of checkpoints of state version 2."""
-    if OLD_UNVERIFIED_KEY in checkpoint:
-        return bool(checkpoint[OLD_UNVERIFIED_KEY])
-    states = checkpoint.get("callbacks", {})
-    return any(bool(v.get(UNVERIFIED)) for k, v in states.items() if k.split("{")[0] == HybridScheduler.__name__)
 
 
 def find_scheduler(trainer: pl.Trainer) -> HybridScheduler | None:
