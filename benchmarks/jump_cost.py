@@ -1,6 +1,6 @@
 """What a jump of the default rule costs, apart from the steps around it: each cycle's end (the verdict, the restart
 check, the decision) and each jump, timed alone, with the tensor operations and host reads each makes. The GPU
-command's ``profile`` part runs it at 85M on the GPU, and in its dry run on the CPU on the GPT-2 shape at width 64
+command's ``profile`` part runs it at 85M on the GPU, and in its dry run on the CPU on the GPT-2 shape at width 16
 (``SMALL_GPT2``: the 85M model's 149 tensors; the counts depend on the number of tensors, not their size).
 
 The default rule jumps every cycle (``verify_resolution=0``, cycles of 20 after a 20-step warmup). Per cycle end and
@@ -35,7 +35,7 @@ from lightning_hybrid.runner import build_run
 # a jump every cycle of 20 steps after 20; the rate's warm-up ends before the first (no jump is made on a rising rate)
 JUMPING = ["predictor=outer", "predictor.verify_resolution=0", "hybrid.warmup_steps=20", "hybrid.full_steps=20"]
 JUMPING += ["model.warmup_steps=10"]
-SMALL_GPT2 = [*GPT2_SHAPE, "model.n_embd=64", "model.n_head=4", "data.block_size=64", "data.batch_size=8"]
+SMALL_GPT2 = [*GPT2_SHAPE, "model.n_embd=16", "model.n_head=2", "data.block_size=16", "data.batch_size=4"]
 TIMED = {"cycle_end": "cycle_end", "jump": "_jump"}  # what is reported -> OuterJumps' method
 
 
@@ -157,11 +157,11 @@ def _synchronize(cuda: bool) -> None:
         torch.cuda.synchronize()
 
 
-def measure(cfg: Any, busy: BusyWindow | None = None) -> dict[str, Any]:
+def measure(cfg: Any, busy: BusyWindow | None = None, timed: bool = True) -> dict[str, Any]:
     """Two fits of ``cfg``: one counting each cycle end's and jump's operations, one timing them (and profiling
-    ``busy``'s window); medians."""
+    ``busy``'s window; not run without ``timed``); medians."""
     out: dict[str, Any] = {}
-    for counting in (True, False):
+    for counting in (True, False) if timed else (True,):
         profiled = [busy] if busy is not None and not counting else []
         with timed_jumps(counting) as seen:
             trainer, model, data, _ = build_run(cfg, hybrid=True, extra_callbacks=profiled)

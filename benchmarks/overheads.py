@@ -220,10 +220,13 @@ def peak_memory(size: str, steps: int, label: str, workdir: str) -> dict[str, An
     return out
 
 
-def memory(size: str, steps: int, threads: int) -> dict[str, Any]:
-    """Each run of ``MEMORY_RUNS`` in its own process; every hybrid one's growth over plain's."""
+QUICK_MEMORY_RUNS = ("plain", "linear_predicting", "outer")  # --quick: one run of each kind checks the machinery
+
+
+def memory(size: str, steps: int, threads: int, labels: tuple[str, ...] = tuple(MEMORY_RUNS)) -> dict[str, Any]:
+    """Each run of ``labels`` (of ``MEMORY_RUNS``) in its own process; every hybrid one's growth over plain's."""
     runs = {}
-    for label in MEMORY_RUNS:
+    for label in labels:
         cmd = [sys.executable, "-m", "benchmarks.overheads", "--memory-child", label, "--sizes", size]
         cmd += ["--child-steps", str(steps), "--threads", str(threads)]
         root = Path(__file__).parent.parent  # where `-m benchmarks` imports from
@@ -348,7 +351,8 @@ def main(argv: list[str] | None = None) -> None:
                 extra = QUICK_RULES if args.quick else []
                 result["rule_overhead"] = rule_overhead(size, steps["rules"], steps["rounds"], workdir, extra)
             if "memory" in args.parts:
-                result["memory"] = memory(size, steps["memory"], args.threads)
+                labels = QUICK_MEMORY_RUNS if args.quick else tuple(MEMORY_RUNS)
+                result["memory"] = memory(size, steps["memory"], args.threads, labels)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     out = args.out or results_folder("quick" if args.quick else "default", args.threads, device)
     out.mkdir(parents=True, exist_ok=True)

@@ -111,11 +111,22 @@ def _checkpoint(cfg: DictConfig, label: str, run: Run) -> Path | None:
     return path
 
 
-def _fit(cfg: DictConfig, label: str, run: Run, ckpt_path: Path | None) -> RunResult:
+FITS = {"plain": "plain Lightning", "hybrid": "the hybrid plugin", "train": "the hybrid plugin"}  # by label or mode
+
+
+def _load_average() -> float | None:
+    """The machine's 1-minute load average (``None`` where the platform has none)."""
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+
+
+def _fit(cfg: DictConfig, label: str, run: Run, ckpt_path: Path | None, which: str = "") -> RunResult:
     trainer, model, data, meter = run
+    log.info(f"{which}{label}: training with {FITS[label]}")  # train.log names each fit as it starts
     if ckpt_path is not None:
         log.info(f"{label}: resuming from {ckpt_path}")
+    started = _load_average()
     trainer.fit(model, data, ckpt_path=ckpt_path, weights_only=True)  # a checkpoint runs no pickled code
+    ended = _load_average()
     val = trainer.validate(model, data, verbose=False)[0].get(cfg.monitor) if cfg.validate else None
     scheduler = find_scheduler(trainer)
     summary = scheduler.summary() if scheduler is not None and scheduler.engine.family is not None else {}
@@ -131,6 +142,7 @@ def _fit(cfg: DictConfig, label: str, run: Run, ckpt_path: Path | None) -> RunRe
         counts={key: summary[key] for key in COUNTS.get(mode, ())},
         validations=_with_final(meter.validations, trainer.global_step, meter.train_seconds, val),
         resumed_from=None if ckpt_path is None else str(ckpt_path),
+        load=None if started is None or ended is None else (started, ended),
     )
 
 
@@ -154,7 +166,9 @@ def run(cfg: DictConfig) -> float | None:
         return result.val_loss
     runs = {label: build_run(cfg, hybrid=label == "hybrid") for label in ("plain", "hybrid")}  # validate both first
     resume = {label: _checkpoint(cfg, label, r) for label, r in runs.items()}
-    results = {label: _fit(cfg, label, r, resume[label]) for label, r in runs.items()}
+    results = {
+        label: _fit(cfg, label, r, resume[label], f"fit {i} of 2, ") for i, (label, r) in enumerate(runs.items(), 1)
+    }
     target = results["plain"].val_loss
     for label, result in results.items():  # when each first reached plain's final validation loss, if it did
         meter = runs[label].meter

@@ -88,6 +88,9 @@ def format_summary(summary: dict[str, Any], mode_lines: list[str]) -> str:
     nonfinite, outliers = summary["nonfinite_steps_skipped"], summary["outlier_steps_skipped"]
     if nonfinite or outliers:
         lines.append(f"hybrid: skipped {nonfinite} non-finite and {outliers} exploding-gradient steps")
-    times = ", ".join(f"{k} {v:.1f}s" for k, v in summary["time_by_phase_s"].items())
-    lines.append(f"hybrid: wall {summary['wall_time_s']:.1f}s | {times}")
+    spent = summary["time_by_phase_s"]
+    total = sum(spent.values())
+    if total > 0:  # shares, not seconds: the run's one time is its training time (RunMeter, mode=compare's table)
+        shares = ", ".join(f"{phase} {seconds / total:.0%}" for phase, seconds in spent.items())
+        lines.append(f"hybrid: the steps' time by phase: {shares}")
     return "\n".join(lines)

@@ -469,7 +469,8 @@ DISTRIBUTED = {
     "save-exploding-ddp": ("exploding", "ddp", "save"),
     "save-linear-fsdp": ("linear", "fsdp", "save"),
     # modules as users write them (tests/user_modules.py), plain and hybrid, under DDP and FSDP per layer
-    **{f"{m}-{s}": (m, s, "") for m in ("gpt2", "lstm") for s in ("ddp", "fsdp-per-layer", "plain-fsdp-per-layer")},
+    **{f"{m}-{s}": (m, s, "") for m in ("gpt2", "lstm") for s in ("fsdp-per-layer", "plain-fsdp-per-layer")},
+    "gpt2-ddp": ("gpt2", "ddp", ""),  # the defaults under FSDP against DDP, on a module that calls a submodule
     **{f"save-{m}-fsdp-per-layer": (m, "fsdp-per-layer", "save") for m in ("gpt2", "lstm")},
     "gpt2_manual-fsdp-per-layer": ("gpt2_manual", "fsdp-per-layer", ""),
 }

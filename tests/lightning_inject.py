@@ -4,7 +4,8 @@ default strategy on one CPU device gets ``HybridPredictStrategy()`` and ``hybrid
     cd <lightning checkout>/tests && PYTHONPATH=<this checkout> HYBRID_INJECT=default \\
         python -m pytest -p tests.lightning_inject tests_pytorch/models/test_hooks.py
 
-The 13 modules the record's counts come from (632 pass plain, 604 with the defaults), under ``tests_pytorch/``:
+The 13 modules the record's counts come from (632 pass plain, 615 with the defaults:
+``benchmarks/results/lightning_tests/``), under ``tests_pytorch/``:
 ``models/test_hooks.py tuner/test_lr_finder.py checkpointing/test_model_checkpoint.py
 trainer/optimization/test_optimizers.py trainer/optimization/test_manual_optimization.py callbacks/test_lr_monitor.py
 callbacks/test_stochastic_weight_avg.py trainer/connectors/test_callback_connector.py loops/test_loops.py

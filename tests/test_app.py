@@ -48,9 +48,12 @@ def test_compare_runs_plain_and_hybrid_with_the_same_seed(tmp_path, caplog):
     assert plain["backward_passes"] == APP_STEPS  # counted by the same RunMeter in both runs
     assert hybrid["backward_passes"] == APP_STEPS - summary["backward_skipped"] < APP_STEPS
     table = caplog.text
-    led = ("at plain's final loss: step", "at plain's final loss: s", "val loss at equal steps", "backward passes")
+    led = ("first at plain's final loss: step", "and training time (seconds)", "val loss at equal steps")
+    led += ("training time, wall (seconds)", "training time, CPU (seconds)", "backward passes")
     assert [table.index(row) for row in led] == sorted(table.index(row) for row in led)  # the table's order
-    assert "to plain's final val loss:" in table
+    assert "to plain's final val loss" in table
+    fits = [table.index(f"fit {i} of 2, {label}: training with") for i, label in ((1, "plain"), (2, "hybrid"))]
+    assert fits == sorted(fits)  # each fit named as it starts, before the table
     step, seconds = plain["reached_plain_at"]  # plain reaches its own final loss, by the end at the latest
     assert 0 < step <= APP_STEPS and 0 < seconds <= plain["train_seconds"]
     reached = hybrid["reached_plain_at"]
@@ -383,3 +386,22 @@ def test_the_settings_reference_documents_every_setting():
     schemas = [HybridSettings, *PREDICTOR_SETTINGS.values()]
     missing = {f.name for schema in schemas for f in fields(schema) if f"`{f.name}`" not in readme} - {"_target_"}
     assert not missing, f"docs/settings.md lacks {sorted(missing)}"
+
+
+def test_the_compare_table_says_slower_more_and_at_least_and_when_the_load_rose():
+    """Read as a user reads it: a ratio below 1 says "more" or "later", a gain at the validations' resolution says
+    "at least", and a load that rose during the runs is said, pointing to CPU time."""
+    from lightning_hybrid.comparison import RunResult, compared, comparison_table
+
+    assert compared(1.25, "fewer steps", "more steps") == "1.250x fewer steps"
+    assert compared(0.8, "sooner", "later") == "1.250x later"
+    validations = [(s, s / 10, 3 - s / 600) for s in (100, 200, 300)]
+    plain = RunResult("plain", 2.5, 30.0, 40.0, 300, 300, validations=validations, reached_plain_at=(300, 30.0))
+    slower = RunResult("hybrid", 2.6, 40.0, 41.0, 300, 300, validations=validations, reached_plain_at=(300, 40.0))
+    slower.load, plain.load = (0.2, 2.9), (0.1, 0.2)
+    table = comparison_table(plain, slower)
+    assert "took 1.000x fewer steps and was 1.333x later in wall time" in table and "sooner" not in table
+    assert "load (1-minute average) rose from 0.1 to 2.9" in table and "compare CPU times" in table
+    ahead = RunResult("hybrid", 2.4, 25.0, 30.0, 300, 300, validations=validations, reached_plain_at=(200, 20.0))
+    assert "took at least 1.500x fewer steps and was 1.500x sooner" in comparison_table(plain, ahead)
+    assert "seconds" in table and " s " not in table

@@ -121,17 +121,19 @@ def test_the_defaults_under_fsdp_resume_exactly(distributed_runs):
 def test_fsdp_trains_modules_whose_step_calls_a_submodule(distributed_runs, module):
     """Hugging Face's GPT-2 and Lightning's LSTM held as ``self.net``, each step calling the network (and the
     LSTM's ``init_hidden``, which reads a parameter) rather than the LightningModule's own forward, sharded per
-    layer: plain Lightning's FSDP trains them as DDP does, and the defaults under ``hybrid_fsdp`` jump, keep and
-    undo as under ``hybrid_ddp``, the ranks holding the same weights."""
+    layer: plain Lightning's FSDP trains them, and so do the defaults under ``hybrid_fsdp``, jumping, keeping and
+    undoing alike on both ranks, which hold the same weights; on GPT-2, as under ``hybrid_ddp``."""
     runs = distributed_runs[1]
-    plain, fsdp, ddp = (runs[f"{module}-{s}"] for s in ("plain-fsdp-per-layer", "fsdp-per-layer", "ddp"))
+    plain, fsdp = (runs[f"{module}-{s}"] for s in ("plain-fsdp-per-layer", "fsdp-per-layer"))
     assert plain[0]["steps"] == plain[1]["steps"] == 60 and torch.equal(plain[0]["params"], plain[1]["params"])
     assert not torch.equal(plain[0]["params"], fsdp[0]["params"])  # the plugin jumped; plain did not
-    for key in JUMP_COUNTS:
-        assert fsdp[0]["summary"][key] == fsdp[1]["summary"][key] == ddp[0]["summary"][key], key
+    assert [fsdp[0]["summary"][k] for k in JUMP_COUNTS] == [fsdp[1]["summary"][k] for k in JUMP_COUNTS]
     assert fsdp[0]["summary"]["jumps_kept"] >= 1
     assert torch.equal(fsdp[0]["params"], fsdp[1]["params"])  # gathered from the shards
-    assert _apart(fsdp[0]["params"], ddp[0]["params"]) < 1e-4
+    if module == "gpt2":
+        ddp = runs["gpt2-ddp"]
+        assert [fsdp[0]["summary"][k] for k in JUMP_COUNTS] == [ddp[0]["summary"][k] for k in JUMP_COUNTS]
+        assert _apart(fsdp[0]["params"], ddp[0]["params"]) < 1e-4
 
 
 def test_fsdp_trains_a_manual_step_that_calls_a_submodule(distributed_runs):

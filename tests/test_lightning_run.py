@@ -366,10 +366,10 @@ def test_checkpoints_and_validation_inside_a_segment_are_marked(tmp_path, caplog
         trainer.fit(RegressionModel(), loader(), loader(64))
     marked = {}
     for path in tmp_path.glob("step=*.ckpt"):
-        ckpt = torch.load(path, weights_only=True)  # a plain load finds the flag at the top level
+        ckpt = torch.load(path, weights_only=True)  # a plain load finds the flag in the scheduler's state
         state = next(v for k, v in ckpt["callbacks"].items() if "HybridScheduler" in k)
-        assert ckpt["hybrid_unverified"] == is_unverified_checkpoint(ckpt) == state["unverified"]
-        marked[path.name] = (ckpt["hybrid_unverified"], state["family"]["snapshot"] is not None)
+        assert is_unverified_checkpoint(ckpt) == state["unverified"]
+        marked[path.name] = (state["unverified"], state["family"]["snapshot"] is not None)
     assert any(flag for flag, _ in marked.values()) and not all(flag for flag, _ in marked.values())
     assert all(holds_snapshot for flag, holds_snapshot in marked.values() if flag)  # resumable exactly
     said = [r.getMessage() for r in caplog.records if "holds weights not yet verified" in r.getMessage()]

@@ -35,10 +35,13 @@ class _RecordingBar(HybridProgressBar):
     def __init__(self) -> None:
         super().__init__()
         self.shown: dict[int, dict] = {}
+        self.pending: dict[int, bool] = {}  # under the default rule: whether a jump awaited its verdict
 
     def on_train_batch_end(self, trainer, pl_module, *args) -> None:
         super().on_train_batch_end(trainer, pl_module, *args)
         self.shown[trainer.global_step] = self.get_metrics(trainer, pl_module)
+        family = scheduler_of(trainer).engine.family
+        self.pending[trainer.global_step] = bool(getattr(getattr(family, "state", None), "pending", False))
 
 
 @pytest.fixture(scope="module")
@@ -130,8 +133,13 @@ def test_the_progress_bar_shows_jumps_kept_of_made_and_the_text_speaks_the_defau
     _, scheduler, bar = jumps
     c = scheduler.counters
     shown = bar.shown[JUMP_STEPS]
-    assert shown["jumps kept"] == f"{c.jumps_kept}/{c.jumps_made}" and shown["undone"] == str(c.jumps_rejected)
+    assert c.end_of_fit_rollbacks == 0  # the counts below are the last step's
+    judged = c.jumps_made - bar.pending[JUMP_STEPS]
+    assert shown["jumps kept"] == f"{c.jumps_kept}/{judged}" and shown["undone"] == str(c.jumps_rejected)
     assert "skipped" not in shown and shown["phase"] in ("warmup", "full")
+    pending = [step for step, waiting in bar.pending.items() if waiting]
+    assert pending and all(bar.shown[step]["pending"] == "1" for step in pending)  # shown as pending, not as lost
+    assert not any("pending" in bar.shown[step] for step in bar.pending if step not in pending)
     text = scheduler.report().lower()
     assert f"{c.jumps_made} jumps made, {c.jumps_kept} kept, {c.jumps_rejected} undone" in text
     assert not [term for term in PER_STEP_TERMS if term in text]
@@ -262,3 +270,35 @@ def test_hybrid_scalars_follow_the_trainers_logging_cadence(tmp_path):
     own = [e.step for e in acc.Scalars("train_loss")]
     assert own == [4, 9, 14, 19]  # Lightning's logger steps (`_batches_that_stepped`): every 5th batch
     assert [e.step for e in acc.Scalars("hybrid/phase")] == own  # the same batches, at the same steps
+
+
+def test_the_readme_picture_draws_the_default_layout_one_colour_a_series(jumps, tmp_path):
+    """The README's picture: the default rule's Custom Scalars layout drawn from this run's event files, one colour
+    for each series of a chart (TensorBoard's own page colours a chart's series by run, all alike, and tells them
+    apart by marker only). ``HYBRID_PICTURE=docs/tensorboard.png`` writes it there."""
+    import os
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    acc, _, _ = jumps
+    charts = LAYOUTS["jumps"]["Outer jumps"]
+    figure, axes = plt.subplots(4, 2, figsize=(10, 11))
+    for axis, (title, (_, patterns)) in zip(axes.flat, charts.items(), strict=True):
+        for colour, pattern in enumerate(patterns):
+            tag = pattern.strip("^$")
+            points = [(e.step, e.value) for e in acc.Scalars(tag) if math.isfinite(e.value)]
+            axis.plot(*zip(*points), color=f"C{colour}", label=tag.removeprefix("hybrid/"), linewidth=1.2)
+        axis.set_title(title, fontsize=9)
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=7)
+    figure.suptitle("TensorBoard's Custom Scalars layout of the default rule, a short run (step on every x axis)")
+    figure.tight_layout()
+    path = os.environ.get("HYBRID_PICTURE") or tmp_path / "layout.png"
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
+    for axis in figure.axes:
+        colours = [line.get_color() for line in axis.get_lines()]
+        assert colours and len(set(colours)) == len(colours), axis.get_title()

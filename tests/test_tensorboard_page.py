@@ -1,7 +1,7 @@
 """Each mode's charts as a person sees them: a short run's logs served by TensorBoard on 127.0.0.1 and its Custom
 Scalars page rendered by headless Chromium. Fails on TensorBoard's error text (a band whose value, lower and upper
-tags were logged at different steps) and on a chart that draws no line. Saves the screenshot the README shows (the
-default rule's layout) when ``HYBRID_SCREENSHOT`` names a file."""
+tags were logged at different steps) and on a chart that draws no line. Saves a screenshot of the default rule's
+layout when ``HYBRID_SCREENSHOT`` names a file."""
 
 import contextlib
 import os

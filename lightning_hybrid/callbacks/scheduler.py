@@ -16,7 +16,7 @@ from typing_extensions import Unpack, override
 
 from lightning_hybrid.callbacks.bandit import HorizonBandit
 from lightning_hybrid.callbacks.base import HybridComponent
-from lightning_hybrid.callbacks.checkpoint_flag import UNVERIFIED, flag_checkpoint, say_resuming
+from lightning_hybrid.callbacks.checkpoint_flag import UNVERIFIED, say_resuming, say_unverified
 from lightning_hybrid.callbacks.monitor import DivergenceMonitor
 from lightning_hybrid.callbacks.predictor import DynamicsPredictor
 from lightning_hybrid.callbacks.routing import DEFAULT_RULE, SchedulerSettings, split_scheduler_settings
@@ -226,11 +226,9 @@ class HybridScheduler(HybridComponent):
 
     @override
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
-        """Flag the checkpoint at its top level too (``checkpoint_flag``), and say so the first time a fit saves one
-        that holds unverified weights."""
-        self._said_unverified = flag_checkpoint(
-            checkpoint, self.engine.unverified, trainer.global_step, self._said_unverified
-        )
+        """Say so the first time a fit saves a checkpoint that holds unverified weights (its state says so too)."""
+        said, step = self._said_unverified, trainer.global_step
+        self._said_unverified = say_unverified(self.engine.unverified, step, said)
 
     @override
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
