@@ -53,10 +53,12 @@ def validated_steps(plain: RunResult, hybrid: RunResult) -> str:
     return f"validated at steps {', '.join(map(str, steps))}" if steps else "validated only after fit"
 
 
-def compared(ratio: float, fewer: str, more: str) -> str:
+def compared(ratio: float, fewer: str, more: str, same: str) -> str:
     """``1.150x fewer steps`` where the hybrid run needed less (``ratio``: plain's over hybrid's), ``1.150x more
-    steps`` where it needed more."""
-    return f"{ratio:.3f}x {fewer}" if ratio >= 1 else f"{1 / ratio:.3f}x {more}"
+    steps`` where it needed more, ``same`` where the two were equal."""
+    if ratio == 1:
+        return same
+    return f"{ratio:.3f}x {fewer}" if ratio > 1 else f"{1 / ratio:.3f}x {more}"
 
 
 def _at_least(plain: RunResult, hybrid: RunResult) -> bool:
@@ -98,13 +100,13 @@ def comparison_table(plain: RunResult, hybrid: RunResult) -> str:
     rows += [(name.replace("_", " "), "-", f"{value:g}") for name, value in hybrid.counts.items()]
     lines = [f"{'':34s}{'plain':>12s}{'hybrid':>12s}"] + [f"{a:34s}{b:>12s}{c:>12s}" for a, b, c in rows]
     if plain.reached_plain_at is not None and hybrid.reached_plain_at is not None:
-        steps = compared(plain.reached_plain_at[0] / hybrid.reached_plain_at[0], "fewer steps", "more steps")
+        steps = compared(
+            plain.reached_plain_at[0] / hybrid.reached_plain_at[0], "fewer steps", "more steps", "as many steps"
+        )
         wall = plain.reached_plain_at[1] / max(hybrid.reached_plain_at[1], 1e-9)
         bound = "at least " if _at_least(plain, hybrid) else ""
-        said = (
-            f"to plain's final val loss, the hybrid run took {bound}{steps} and was {compared(wall, 'sooner', 'later')}"
-        )
-        lines.append(said + " in wall time")
+        faster = compared(wall, "faster", "slower", "as fast")
+        lines.append(f"to plain's final val loss, the hybrid run took {bound}{steps} and was {faster} in wall time")
         if bound:
             lines.append(
                 "  (at least: it was first seen there at the validation before plain's; it may have been earlier)"

@@ -389,19 +389,20 @@ def test_the_settings_reference_documents_every_setting():
 
 
 def test_the_compare_table_says_slower_more_and_at_least_and_when_the_load_rose():
-    """Read as a user reads it: a ratio below 1 says "more" or "later", a gain at the validations' resolution says
+    """Read as a user reads it: a ratio below 1 says "more" or "slower", a gain at the validations' resolution says
     "at least", and a load that rose during the runs is said, pointing to CPU time."""
     from lightning_hybrid.comparison import RunResult, compared, comparison_table
 
-    assert compared(1.25, "fewer steps", "more steps") == "1.250x fewer steps"
-    assert compared(0.8, "sooner", "later") == "1.250x later"
+    assert compared(1.25, "fewer steps", "more steps", "as many steps") == "1.250x fewer steps"
+    assert compared(0.8, "faster", "slower", "as fast") == "1.250x slower"
+    assert compared(1.0, "fewer steps", "more steps", "as many steps") == "as many steps"
     validations = [(s, s / 10, 3 - s / 600) for s in (100, 200, 300)]
     plain = RunResult("plain", 2.5, 30.0, 40.0, 300, 300, validations=validations, reached_plain_at=(300, 30.0))
     slower = RunResult("hybrid", 2.6, 40.0, 41.0, 300, 300, validations=validations, reached_plain_at=(300, 40.0))
     slower.load, plain.load = (0.2, 2.9), (0.1, 0.2)
     table = comparison_table(plain, slower)
-    assert "took 1.000x fewer steps and was 1.333x later in wall time" in table and "sooner" not in table
+    assert "took as many steps and was 1.333x slower in wall time" in table and "faster" not in table
     assert "load (1-minute average) rose from 0.1 to 2.9" in table and "compare CPU times" in table
     ahead = RunResult("hybrid", 2.4, 25.0, 30.0, 300, 300, validations=validations, reached_plain_at=(200, 20.0))
-    assert "took at least 1.500x fewer steps and was 1.500x sooner" in comparison_table(plain, ahead)
+    assert "took at least 1.500x fewer steps and was 1.500x faster" in comparison_table(plain, ahead)
     assert "seconds" in table and " s " not in table
