@@ -69,6 +69,7 @@ class FullyShardedStrategy(ModelParallelStrategy):
             raise ValueError(f"{name}: auto_wrap_policy must hold torch.nn.Module classes, got {bad}")
         super().__init__(process_group_backend=process_group_backend, **kwargs)
         self.auto_wrap_policy = policy
+        self._forward_redirection = _CallRoot()  # Lightning's slot for running a step through a wrapper's call
 
     @override
     def setup_environment(self) -> None:
@@ -120,7 +121,7 @@ class FullyShardedStrategy(ModelParallelStrategy):
         itself is called. Most steps call a submodule (``self.net(x)``) or its methods (an LSTM's
         ``init_hidden``), which would meet the parameters still sharded."""
         assert self.model is not None and self.lightning_module is not None
-        return _CallRoot()(self.model, self.lightning_module, method, *args, **kwargs)
+        return self._forward_redirection(self.model, self.lightning_module, method, *args, **kwargs)
 
     def _shard(self, model: Module) -> None:
         from torch.distributed.fsdp import fully_shard

@@ -19,10 +19,10 @@ from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from omegaconf import DictConfig, OmegaConf
 
 from lightning_hybrid.callbacks import find_scheduler
-from lightning_hybrid.callbacks.routing import changed_settings
 from lightning_hybrid.comparison import COUNTS, RunResult, comparison_table, plot_comparison
 from lightning_hybrid.meter import RunMeter
 from lightning_hybrid.resume import LAST, check_checkpoint, find_checkpoint
+from lightning_hybrid.schema import changed_settings
 from lightning_hybrid.validation import check_choice
 
 MODES = ("train", "plain", "compare")

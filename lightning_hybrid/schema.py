@@ -82,6 +82,15 @@ def hybrid_arguments() -> list[tuple[str, Any, Any]]:
 
 
 HybridSettings = _schema("HybridSettings", "lightning_hybrid.hybrid_callbacks", hybrid_arguments())
+
+
+def changed_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """Of a composed ``hybrid`` group's settings, those whose values differ from the schema's defaults: what a
+    user set (the app's config holds every setting, each at its default where the user set none)."""
+    defaults = {name: default for name, _, default in hybrid_arguments()}
+    return {name: value for name, value in settings.items() if name not in defaults or value != defaults[name]}
+
+
 PREDICTOR_SETTINGS = {
     name: _schema(f"{cls.__name__}Settings", f"{cls.__module__}.{cls.__qualname__}", _predictor_arguments(cls))
     for name, cls in PREDICTORS.items()

@@ -28,16 +28,6 @@ def settings_of_chain(cls: type) -> list[str]:
     return list(dict.fromkeys(name for init in init_chain(cls) for name in settings_of(init)))
 
 
-def defaults_of_chain(cls: type) -> dict[str, Any]:
-    """A class's settings with their constructor defaults (those without one are left out)."""
-    out: dict[str, Any] = {}
-    for init in reversed(init_chain(cls)):  # the most derived class's default wins
-        for name, param in inspect.signature(init).parameters.items():
-            if name not in NOT_SETTINGS and param.default is not inspect.Parameter.empty:
-                out[name] = param.default
-    return out
-
-
 def setting_values(component: Any) -> dict[str, Any]:
     """A component's settings with the values it holds (tuples as lists, as JSON reads them back)."""
     values = {name: getattr(component, name) for name in settings_of_chain(type(component))}

@@ -14,7 +14,7 @@ from lightning_hybrid.callbacks.predictor import DynamicsPredictor
 from lightning_hybrid.config import HybridConfig
 from lightning_hybrid.engine import FAMILIES, PredictionFamily
 from lightning_hybrid.predictors import PREDICTORS, OuterMomentum
-from lightning_hybrid.settings import defaults_of_chain, did_you_mean, settings_of, settings_of_chain
+from lightning_hybrid.settings import did_you_mean, settings_of, settings_of_chain
 
 # Which component owns which setting of `hybrid_callbacks`: each name appears once, with its default, in the
 # owner's constructor (a named predictor's own settings come from its class). The callbacks that host the plain
@@ -108,19 +108,6 @@ def _owners_of(name: str) -> list[str]:
 def ignored(family: type[PredictionFamily], given: dict[str, dict[str, Any]]) -> list[str]:
     """The settings in ``given`` (by owner) that a run of ``family`` does not read."""
     return [name for owner, named in given.items() for name in named if not reads(family, owner, name)]
-
-
-def changed_settings(settings: dict[str, Any]) -> dict[str, Any]:
-    """Of ``hybrid_callbacks`` settings, those whose values differ from their owners' defaults: what a user set,
-    where every setting is given (the app's config holds each at its default where the user set none)."""
-    defaults = {n: v for cls in SETTING_OWNERS.values() for n, v in defaults_of_chain(cls).items()}
-    return {n: v for n, v in settings.items() if n not in defaults or _differs(v, defaults[n])}
-
-
-def _differs(value: Any, default: Any) -> bool:
-    """Whether a value differs from a default, a list from a tuple of the same items not (as the app passes them)."""
-    sequences = isinstance(value, (list, tuple)) and isinstance(default, (list, tuple))
-    return list(value) != list(default) if sequences else value != default
 
 
 def changed_from_default(component: Any, names: list[str]) -> dict[str, Any]:

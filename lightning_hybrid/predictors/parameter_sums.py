@@ -16,7 +16,7 @@ def cosine_terms(xs: list[Tensor], ys: TensorList) -> Tensor:
         return torch.zeros(3, dtype=torch.float64)
 
     def total(tensors: TensorList) -> Tensor:
-        return torch.stack(torch._foreach_norm(tensors, dtype=torch.float64)).square().sum()
+        return squares(tensors, torch.float64).sum()
 
     with torch.no_grad():
         x_sq, y_sq = total(xs), total(ys)
@@ -35,8 +35,8 @@ def state_fits(params: TensorList, copies: int) -> bool:
     return copies * sum(p.numel() * p.element_size() for p in params) <= free / 2
 
 
-def squares(tensors: TensorList) -> Tensor:
-    """Each tensor's squared norm, in float32 (one fused norm; empty where there are no tensors)."""
+def squares(tensors: TensorList, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Each tensor's squared norm, in ``dtype`` (one fused norm; empty where there are no tensors)."""
     if not tensors:
-        return torch.zeros(0, dtype=torch.float32)
-    return torch.stack(torch._foreach_norm(tensors, dtype=torch.float32)).square()
+        return torch.zeros(0, dtype=dtype)
+    return torch.stack(torch._foreach_norm(tensors, dtype=dtype)).square()
