@@ -36,7 +36,6 @@ import argparse
 import datetime
 import json
 import math
-import statistics
 import tempfile
 import time
 import traceback
@@ -50,6 +49,7 @@ from benchmarks.curves import overfits
 from benchmarks.gpu_mechanics import CUDA, MECHANICS, TINY_GPT, Call
 from benchmarks.harness import RESULTS, against_plain, compare_seed, fit, gpt_config, machine, record_from, write_atomic
 from benchmarks.jump_cost import JUMPING, SMALL_GPT2, BusyWindow, measure
+from benchmarks.report import median_over_seeds, seeds_cell
 
 # -- the plan's parts and their estimates ---------------------------------------------------------------------------
 ASIDE = ["predictor=outer", "predictor.verify_resolution=1e-12", "hybrid.warmup_steps=20", "hybrid.full_steps=20"]
@@ -205,15 +205,6 @@ def _sweep(runs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _median_of(values: list[float | None]) -> float | None:
-    """The median, a seed that never reached the target (``None``) counting as the slowest; ``None`` where half
-    or more never did."""
-    missing = sum(v is None for v in values)
-    if not values or 2 * missing >= len(values):
-        return None
-    return statistics.median([-math.inf] * missing + sorted(v for v in values if v is not None))
-
-
 def _comparisons(runs: dict[str, Any], best: float | None) -> dict[str, Any]:
     """Per rate whose runs are all in: per seed, plain's over the default's backward passes and wall time to
     plain's final loss (``None`` where not reached; no figure where plain overfits), the loss at plain's last step
@@ -235,7 +226,9 @@ def _comparisons(runs: dict[str, Any], best: float | None) -> dict[str, Any]:
         }
         for axis in ("backward", "wall_s"):
             row[f"{axis}_speedups"] = [s["to_target"][axis]["speedup"] for s in seeds]
-            row[f"{axis}_median"] = _median_of([s["to_target"][axis]["speedup"] for s in judged]) if judged else None
+            row[f"{axis}_median"] = (
+                median_over_seeds([s["to_target"][axis]["speedup"] for s in judged]) if judged else None
+            )
         out[f"lr{lr:.3g}"] = row
     return out
 
@@ -316,15 +309,6 @@ def _attempt(fn: Callable[[Call], dict[str, Any]], call: Call) -> dict[str, Any]
         return {"error": traceback.format_exc()[-3000:]}
 
 
-def _range(values: list[float | None], fmt: str = ".3f", suffix: str = "x") -> str:
-    known = [v for v in values if v is not None]
-    middle = _median_of(values)
-    if middle is None:
-        return f"not reached in {len(values) - len(known)} of {len(values)}" if values else "-"
-    missing = f"; not reached in {len(values) - len(known)}" if len(known) < len(values) else ""
-    return f"{middle:{fmt}}{suffix} ({min(known):{fmt}}-{max(known):{fmt}}{missing})"
-
-
 def markdown(done: dict[str, Any]) -> str:
     """The results so far, as tables a reader can check against the JSON files beside them."""
     recorded = [done[name]["machine"] for name in FILES if "machine" in done[name]]
@@ -340,7 +324,7 @@ def markdown(done: dict[str, Any]) -> str:
                 continue
             for mode, ratios in result["steady_ratios"].items():
                 jumps = sorted({k["jumps"] for k in result["kept"][mode]})
-                lines.append(f"| {cell} | {mode} | {_range(ratios)} | {jumps} |")
+                lines.append(f"| {cell} | {mode} | {seeds_cell(ratios, '.3f')} | {jumps} |")
         lines.append("")
     profiled = done["profile"].get("result")
     if profiled:
@@ -378,8 +362,8 @@ def markdown(done: dict[str, Any]) -> str:
         for lr, row in quality_done["comparisons"].items():
             over = sum(row["overfitting"])
             lines.append(
-                f"| {lr} | {_range(row['backward_speedups'], '.2f')} | {_range(row['wall_s_speedups'], '.2f')} | "
-                f"{_range(row['loss_equal_steps'], '.3f', '')} | {over} of {len(row['overfitting'])} | "
+                f"| {lr} | {seeds_cell(row['backward_speedups'])} | {seeds_cell(row['wall_s_speedups'])} | "
+                f"{seeds_cell(row['loss_equal_steps'], '.3f', '')} | {over} of {len(row['overfitting'])} | "
                 f"{row['jumps_kept']} |"
             )
         lines.append("")

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -47,6 +46,7 @@ from benchmarks.harness import (
     write_atomic,
 )
 from benchmarks.peers import PEERS
+from benchmarks.report import median_over_seeds, seeds_cell
 from benchmarks.tasks import compose_run, hybrid_steps, length_of, trainer_steps
 from lightning_hybrid.demos.finetune import fingerprint, pretrained_weights
 
@@ -247,27 +247,6 @@ def _hours_apart(a: dict[str, Any], b: dict[str, Any]) -> float | None:
     return abs(datetime.fromisoformat(a["finished"]) - datetime.fromisoformat(b["finished"])).total_seconds() / 3600
 
 
-def _median_of(values: list[float | None]) -> float | None:
-    """The median over seeds, a seed that never reached the target (``None``) counting as slower than any that did:
-    ``None`` only where half of them or more never did. Requiring every seed to reach it would judge plain against
-    itself a miss wherever one seed's baseline ends on its curve's lowest point, as `rerun` did on LoRA at 3x."""
-    missing = sum(v is None for v in values)
-    if not values or 2 * missing >= len(values):
-        return None
-    return statistics.median([-math.inf] * missing + sorted(v for v in values if v is not None))
-
-
-def _cell(values: list[float | None], fmt: str = ".2f", suffix: str = "x") -> str:
-    if not values:
-        return "-"
-    known = [v for v in values if v is not None]
-    middle, missing = _median_of(values), len(values) - len(known)
-    if middle is None:
-        return f"not reached in {missing} of {len(values)}"
-    spread = f"{min(known):{fmt}}-{max(known):{fmt}}"
-    return f"{middle:{fmt}}{suffix} ({spread}" + (f"; not reached in {missing} of {len(values)})" if missing else ")")
-
-
 def _times(rows: list[dict], axis: str) -> list[float | None]:
     """The seeds' times to target on ``axis``, leaving out the seeds whose plain run overfits (no target there)."""
     return [r[axis] for r in rows if not r.get("overfit")]
@@ -282,7 +261,7 @@ def _time_cell(rows: list[dict], axis: str) -> str:
     over = sum(bool(r.get("overfit")) for r in rows)
     if over == len(rows):
         return f"none: plain overfits in {over} of {over}"
-    return _cell(_times(rows, axis)) + (f"; plain overfits in {over} of {len(rows)}" if over else "")
+    return seeds_cell(_times(rows, axis)) + (f"; plain overfits in {over} of {len(rows)}" if over else "")
 
 
 def _apart(rows: list[dict]) -> bool:
@@ -318,7 +297,7 @@ def task_table(task: str) -> tuple[str, dict[str, dict[float, list[dict]]]]:
             name = "plain at the tuned lr" if config == "tuned" else _label(config)
             rate = f"{lr:.3g}{' (tuned)' if lr == best else ''}"
             cells = [_time_cell(rows, axis) for axis in AXES]
-            cells += [_cell([r[key] for r in rows], ".3f", "") for key in ("loss", "cost")]
+            cells += [seeds_cell([r[key] for r in rows], ".3f", "") for key in ("loss", "cost")]
             lines.append(f"| {rate} | {name} | {len(rows)} | " + " | ".join(cells) + " |")
     apart = [(c, lr) for c, by_lr in found.items() if c != "tuned" for lr, rows in by_lr.items() if _apart(rows)]
     if apart:
@@ -355,13 +334,13 @@ TUNED_TASKS = ("char_gpt", "word_lstm")
 
 
 def _median(rows: list[dict], key: str) -> float | None:
-    return _median_of([r[key] for r in rows])
+    return median_over_seeds([r[key] for r in rows])
 
 
 def _floor(rows: list[dict]) -> tuple[str, float | None, float | None, bool]:
     """The clock a cell is judged on, its median time and loss, and whether they hold the floor."""
     clock = "backward" if _apart(rows) else "cpu_s"
-    time, loss = _median_of(_times(rows, clock)), _median(rows, "loss")
+    time, loss = median_over_seeds(_times(rows, clock)), _median(rows, "loss")
     return clock, time, loss, time is not None and time >= FLOOR_TIME and loss is not None and loss <= FLOOR_LOSS
 
 
@@ -442,7 +421,7 @@ def goals(task: str, found: dict[str, dict[float, list[dict]]], config: str = "s
             said.append(f"tuned goal >= {TUNED}x {'met' if (time or 0) >= TUNED else 'NOT met'}")
         for peer in ("ema", "schedulefree"):
             theirs = found.get(peer, {}).get(lr, [])
-            other = _median_of(_times(theirs, clock))
+            other = median_over_seeds(_times(theirs, clock))
             if not theirs:
                 continue
             if other is None or time is None:
@@ -454,8 +433,8 @@ def goals(task: str, found: dict[str, dict[float, list[dict]]], config: str = "s
         lines.append(
             f"- {LABELS[name]} ({len(rows)} seeds{judged}, time {_time_cell(rows, 'cpu_s')}, backward passes "
             f"{_time_cell(rows, 'backward')}, loss "
-            f"{_cell([r['loss'] for r in rows], '.3f', '')}, "
-            f"steps kept {_cell([r['kept'] for r in rows], '.0f', '')}): " + "; ".join(said)
+            f"{seeds_cell([r['loss'] for r in rows], '.3f', '')}, "
+            f"steps kept {seeds_cell([r['kept'] for r in rows], '.0f', '')}): " + "; ".join(said)
         )
     head = f"Goals for `{config}` (medians over seeds; time to target, plain/config: CPU time, or backward passes"
     return [head + " where marked):", "", *lines]
@@ -473,7 +452,7 @@ def plot(task: str, found: dict[str, dict[float, list[dict]]], path: Path) -> No
     for config, by_lr in found.items():
         lrs = sorted(by_lr)
         values = [_times(by_lr[lr], "cpu_s") for lr in lrs]
-        kept = [(lr, [x for x in v if x is not None], _median_of(v)) for lr, v in zip(lrs, values)]
+        kept = [(lr, [x for x in v if x is not None], median_over_seeds(v)) for lr, v in zip(lrs, values)]
         kept = [(lr, v, m) for lr, v, m in kept if m is not None]
         if not kept:
             continue
@@ -509,7 +488,7 @@ def idle_cost(found_by_task: dict[str, dict[str, dict[float, list[dict]]]], conf
         return f"No `{config}` run kept nothing yet."
     return (
         f"Where `{config}` kept no step ({len(idle)} runs, every task and rate), it trained plain's curve at "
-        f"{_cell(idle, '.3f', '')} plain's CPU time at equal steps: the cost of searching, with the noise of "
+        f"{seeds_cell(idle, '.3f', '')} plain's CPU time at equal steps: the cost of searching, with the noise of "
         "a shared machine."
     )
 

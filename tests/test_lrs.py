@@ -11,6 +11,7 @@ import pytest
 
 from benchmarks import lrs
 from benchmarks.lrs import LrTask
+from benchmarks.report import median_over_seeds, seeds_cell
 
 
 @pytest.fixture
@@ -135,14 +136,14 @@ def test_the_floor_summary_names_every_cell_that_misses_it(monkeypatch):
 
 
 def test_a_seed_that_never_reaches_the_target_counts_as_the_slowest():
-    assert lrs._median_of([1.2, None, 0.9]) == 0.9  # the middle of (never, 0.9, 1.2)
-    assert lrs._median_of([1.0, 1.2, None, 1.1, None]) == 1.0
-    assert lrs._median_of([1.0, 1.2, 1.4, None]) == 1.1  # the two middles both reached it
-    assert lrs._median_of([1.0, None]) is None and lrs._median_of([None, 1.0, None]) is None
-    assert lrs._median_of([]) is None
-    assert lrs._cell([1.2, None, 0.9]) == "0.90x (0.90-1.20; not reached in 1 of 3)"
-    assert lrs._cell([1.0, None, None]) == "not reached in 2 of 3"
-    assert lrs._cell([0.998, 1.004], ".3f", "") == "1.001 (0.998-1.004)"
+    assert median_over_seeds([1.2, None, 0.9]) == 0.9  # the middle of (never, 0.9, 1.2)
+    assert median_over_seeds([1.0, 1.2, None, 1.1, None]) == 1.0
+    assert median_over_seeds([1.0, 1.2, 1.4, None]) == 1.1  # the two middles both reached it
+    assert median_over_seeds([1.0, None]) is None and median_over_seeds([None, 1.0, None]) is None
+    assert median_over_seeds([]) is None
+    assert seeds_cell([1.2, None, 0.9]) == "0.90x (0.90-1.20; not reached in 1 of 3)"
+    assert seeds_cell([1.0, None, None]) == "not reached in 2 of 3"
+    assert seeds_cell([0.998, 1.004], ".3f", "") == "1.001 (0.998-1.004)"
     assert not lrs._floor(_rows([1.5, None, 0.96], [1.0] * 3))[3]  # the middle seed is under 0.97x
     assert lrs._floor(_rows([1.5, None, 0.98], [1.0] * 3))[3]
 
