@@ -49,6 +49,7 @@ def main() -> None:
         strategy="auto" if args.plain else args.strategy,
         callbacks=[HybridProgressBar(), *([] if args.plain else callbacks)],
         val_check_interval=min(100, args.max_steps),
+        check_val_every_n_epoch=None,  # every 100 steps across epochs
         limit_val_batches=20,
         default_root_dir=args.root,
         enable_checkpointing=False,

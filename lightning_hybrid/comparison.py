@@ -29,10 +29,20 @@ class RunResult:
     steps: int
     mode: str | None = None  # the hybrid mode that ran (``jumps``, ``per-step``); None for plain Lightning
     counts: dict[str, float] = field(default_factory=dict)  # the mode's own counts (``COUNTS``)
-    validations: list[tuple[int, float, float]] = field(default_factory=list)  # (step, training s, loss) in fit
+    # (step, training wall s, training CPU s, loss) at each validation in fit
+    validations: list[tuple[int, float, float, float]] = field(default_factory=list)
     resumed_from: str | None = None  # the checkpoint the run went on from
-    reached_plain_at: tuple[int, float] | None = None  # step and training seconds, first at plain's final loss
+    reached_plain_at: tuple[int, float, float] | None = None  # step, wall and CPU seconds, first at plain's final loss
     load: tuple[float, float] | None = None  # the machine's 1-minute load average as the fit started and ended
+
+    @property
+    def busy(self) -> float:
+        """CPU seconds per wall second of training: steady while the run has the machine to itself, lower where
+        another job took its cores."""
+        return self.train_cpu_seconds / max(self.train_seconds, 1e-9)
+
+
+LOAD_TOLERANCE = 0.1  # a run's CPU seconds per wall second more than 10% from the other's: the load changed
 
 
 def _num(value: float | None, fmt: str) -> str:
@@ -44,7 +54,7 @@ def _reached(result: RunResult, index: int, fmt: str) -> str:
 
 
 def _steps(plain: RunResult, hybrid: RunResult) -> list[int]:
-    return sorted({s for s, _, _ in plain.validations} | {s for s, _, _ in hybrid.validations})
+    return sorted({v[0] for v in plain.validations} | {v[0] for v in hybrid.validations})
 
 
 def validated_steps(plain: RunResult, hybrid: RunResult) -> str:
@@ -53,12 +63,13 @@ def validated_steps(plain: RunResult, hybrid: RunResult) -> str:
     return f"validated at steps {', '.join(map(str, steps))}" if steps else "validated only after fit"
 
 
-def compared(ratio: float, fewer: str, more: str, same: str) -> str:
-    """``1.150x fewer steps`` where the hybrid run needed less (``ratio``: plain's over hybrid's), ``1.150x more
-    steps`` where it needed more, ``same`` where the two were equal."""
-    if ratio == 1:
+def compared(plain: float, hybrid: float, fewer: str, more: str, same: str) -> str:
+    """The hybrid run's cost against plain's, in percent of plain's: ``10% fewer steps``, ``25% more wall time``,
+    or ``same`` where the two are equal to the percent."""
+    change = round(100 * (hybrid / plain - 1)) if plain > 0 else 0
+    if change == 0:
         return same
-    return f"{ratio:.3f}x {fewer}" if ratio > 1 else f"{1 / ratio:.3f}x {more}"
+    return f"{-change}% {fewer}" if change < 0 else f"{change}% {more}"
 
 
 def _at_least(plain: RunResult, hybrid: RunResult) -> bool:
@@ -71,17 +82,45 @@ def _at_least(plain: RunResult, hybrid: RunResult) -> bool:
     return h in steps and p in steps and steps.index(p) - steps.index(h) == 1
 
 
-def _load(plain: RunResult, hybrid: RunResult) -> str | None:
-    """What the machine's load did while the two fits ran, where it rose by more than one busy core."""
-    if plain.load is None or hybrid.load is None:
+def load_changed(plain: RunResult, hybrid: RunResult) -> str | None:
+    """Why the two runs' wall times met different loads, or ``None``: their CPU seconds per wall second differ by
+    more than ``LOAD_TOLERANCE``, or the machine's load average rose by more than one busy core."""
+    if min(plain.busy, hybrid.busy) <= 0:
         return None
-    start, end = min(plain.load[0], hybrid.load[0]), max(plain.load[1], hybrid.load[1], plain.load[0], hybrid.load[0])
-    if end - start <= 1.0:
-        return None
-    return (
-        f"the machine's load (1-minute average) rose from {start:.1f} to {end:.1f} during the runs: wall times "
-        "met different loads; compare CPU times, or rerun with one torch thread on an idle machine"
-    )
+    why = []
+    if max(plain.busy, hybrid.busy) / min(plain.busy, hybrid.busy) > 1 + LOAD_TOLERANCE:
+        why.append(f"CPU seconds per wall second {plain.busy:.2f} in plain, {hybrid.busy:.2f} in hybrid")
+    if plain.load is not None and hybrid.load is not None:
+        start = min(plain.load[0], hybrid.load[0])
+        end = max(plain.load[1], hybrid.load[1], plain.load[0], hybrid.load[0])
+        if end - start > 1.0:
+            why.append(f"the machine's load (1-minute average) rose from {start:.1f} to {end:.1f}")
+    return "; ".join(why) or None
+
+
+def headline(plain: RunResult, hybrid: RunResult) -> list[str]:
+    """What the table leads to: the hybrid run's steps and time to plain's final validation loss, against plain's.
+    Where the load changed during the runs, wall time says more of the machine than of the plugin: then the line
+    rests on steps and CPU time, with wall time after them and the reason."""
+    if plain.reached_plain_at is None or hybrid.reached_plain_at is None:
+        return ["to plain's final val loss: the hybrid run never reached it"]
+    (p_step, p_wall, p_cpu), (h_step, h_wall, h_cpu) = plain.reached_plain_at, hybrid.reached_plain_at
+    bound = "at least " if _at_least(plain, hybrid) else ""
+    steps = compared(p_step, h_step, "fewer steps", "more steps", "as many steps")
+    wall = compared(p_wall, h_wall, "less wall time", "more wall time", "as much wall time")
+    cpu = compared(p_cpu, h_cpu, "less CPU time", "more CPU time", "as much CPU time")
+    lead = f"to plain's final val loss (step {p_step}), the hybrid run took {bound}{steps} (step {h_step})"
+    changed = load_changed(plain, hybrid)
+    if changed is None:
+        lines = [f"{lead}, {wall} and {cpu}"]
+    else:
+        lines = [
+            f"{lead} and {cpu}; its {wall} met another load ({changed}): compare steps and CPU time, or rerun "
+            "with one torch thread (OMP_NUM_THREADS=1) on an idle machine"
+        ]
+    if bound:
+        lines.append("  (at least: it was first seen there at the validation before plain's; it may have been earlier)")
+    return lines
 
 
 def comparison_table(plain: RunResult, hybrid: RunResult) -> str:
@@ -90,7 +129,8 @@ def comparison_table(plain: RunResult, hybrid: RunResult) -> str:
     run's training time in seconds, validation excluded (``RunMeter``), as wall and as this process's CPU time."""
     rows = [
         ("first at plain's final loss: step", _reached(plain, 0, "d"), _reached(hybrid, 0, "d")),
-        ("  and training time (seconds)", _reached(plain, 1, ".2f"), _reached(hybrid, 1, ".2f")),
+        ("  and its wall time (seconds)", _reached(plain, 1, ".2f"), _reached(hybrid, 1, ".2f")),
+        ("  and its CPU time (seconds)", _reached(plain, 2, ".2f"), _reached(hybrid, 2, ".2f")),
         ("val loss at equal steps", _num(plain.val_loss, ".4f"), _num(hybrid.val_loss, ".4f")),
         ("steps", str(plain.steps), str(hybrid.steps)),
         ("training time, wall (seconds)", _num(plain.train_seconds, ".2f"), _num(hybrid.train_seconds, ".2f")),
@@ -99,30 +139,19 @@ def comparison_table(plain: RunResult, hybrid: RunResult) -> str:
     ]
     rows += [(name.replace("_", " "), "-", f"{value:g}") for name, value in hybrid.counts.items()]
     lines = [f"{'':34s}{'plain':>12s}{'hybrid':>12s}"] + [f"{a:34s}{b:>12s}{c:>12s}" for a, b, c in rows]
-    if plain.reached_plain_at is not None and hybrid.reached_plain_at is not None:
-        steps = compared(
-            plain.reached_plain_at[0] / hybrid.reached_plain_at[0], "fewer steps", "more steps", "as many steps"
-        )
-        wall = plain.reached_plain_at[1] / max(hybrid.reached_plain_at[1], 1e-9)
-        bound = "at least " if _at_least(plain, hybrid) else ""
-        faster = compared(wall, "faster", "slower", "as fast")
-        lines.append(f"to plain's final val loss, the hybrid run took {bound}{steps} and was {faster} in wall time")
-        if bound:
-            lines.append(
-                "  (at least: it was first seen there at the validation before plain's; it may have been earlier)"
-            )
-    else:
-        lines.append("to plain's final val loss: the hybrid run never reached it")
+    lines += headline(plain, hybrid)
     if plain.val_loss is not None and hybrid.val_loss is not None:
         lines.append(
             f"val loss at equal steps, hybrid / plain: {hybrid.val_loss / plain.val_loss:.4f} (<1: hybrid lower)"
         )
     lines.append(validated_steps(plain, hybrid))
-    load = _load(plain, hybrid)
-    if load is not None:
-        lines.append(load)
     lines.append("(one seed: the benchmark harness measures over seeds, docs/performance.md)")
     return "\n".join(lines)
+
+
+def reached_label(x: float, index: int) -> str:
+    """The plot's legend for where the hybrid run first reached plain's final loss, in steps or seconds."""
+    return f"hybrid first at plain's final loss: {f'step {x}' if index == 0 else f'{x:.1f} s'}"
 
 
 def plot_comparison(plain: RunResult, hybrid: RunResult, path: Path) -> Path | None:
@@ -140,12 +169,12 @@ def plot_comparison(plain: RunResult, hybrid: RunResult, path: Path) -> Path | N
     for axis, index, label in ((axes[0], 0, "step"), (axes[1], 1, "training time, wall (s)")):
         for result, style in ((plain, "-o"), (hybrid, "-s")):
             xs = [v[index] for v in result.validations]
-            axis.plot(xs, [v[2] for v in result.validations], style, markersize=3, label=result.label)
+            axis.plot(xs, [v[3] for v in result.validations], style, markersize=3, label=result.label)
         if plain.val_loss is not None:
             axis.axhline(plain.val_loss, color="grey", linestyle="--", linewidth=0.8, label="plain's final loss")
         if hybrid.reached_plain_at is not None:
             x = hybrid.reached_plain_at[index]
-            axis.axvline(x, color="tab:green", linestyle=":", label=f"hybrid first at it ({x:g})")
+            axis.axvline(x, color="tab:green", linestyle=":", label=reached_label(x, index))
         axis.set_xlabel(label)
         axis.grid(alpha=0.3)
     axes[0].set_ylabel("validation loss")

@@ -20,6 +20,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.strategies.strategy import _ForwardRedirection
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
+from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn import Module
 from typing_extensions import override
@@ -79,11 +80,15 @@ class FullyShardedStrategy(ModelParallelStrategy):
 
     @override
     def setup(self, trainer: pl.Trainer) -> None:
-        """ModelParallelStrategy's setup, with the sharding done here when the module did not do it itself."""
+        """ModelParallelStrategy's setup, with the sharding done here when the module did not do it itself (nor an
+        earlier ``fit``, ``validate`` or ``test`` of this Trainer: a module is sharded once)."""
         assert self.model is not None and self.accelerator is not None
         self.accelerator.setup(trainer)
-        if not any(isinstance(p, DTensor) for p in self.model.parameters()):
+        units = [m for m in self.model.modules() if isinstance(m, FSDPModule)]
+        if not units:
             self._shard(self.model)
+        for unit in units:  # sharded already: a forward without backward left the root's parameters gathered
+            unit.reshard()
         _materialize_distributed_module(self.model, self.root_device)
         self.model = self.precision_plugin.convert_module(self.model)
         self.model_to_device()
@@ -124,8 +129,6 @@ class FullyShardedStrategy(ModelParallelStrategy):
         return self._forward_redirection(self.model, self.lightning_module, method, *args, **kwargs)
 
     def _shard(self, model: Module) -> None:
-        from torch.distributed.fsdp import fully_shard
-
         mesh = self.device_mesh["data_parallel"]
         for module in model.modules():
             if module is not model and type(module) in self.auto_wrap_policy:
@@ -165,8 +168,6 @@ class HybridFSDPStrategy(HybridStrategyMixin, FullyShardedStrategy):
     def parameters_changed(self) -> None:
         """Drop gathered copies of the parameters: after a forward without backward (a Predict step's check) FSDP
         keeps the root's gathered parameters, and the next forward would run on them, not on the updated shards."""
-        from torch.distributed.fsdp import FSDPModule
-
         assert self.model is not None
         for module in self.model.modules():
             if isinstance(module, FSDPModule):

@@ -15,7 +15,8 @@ class RunMeter(Callback):
     """Counts backward passes (``on_before_backward``, which plain and hybrid training both call once per backward)
     and measures training time with validation excluded, as wall time and as this process's CPU time (all
     threads), which other load on a shared machine distorts far less. Keeps each validation inside ``fit`` as
-    ``(step, training wall seconds, monitor)``, so a comparison can say when a run first reached a loss.
+    ``(step, training wall seconds, training CPU seconds, monitor)``, so a comparison can say when a run first
+    reached a loss.
 
     Args:
         monitor: the logged validation metric to keep.
@@ -23,7 +24,7 @@ class RunMeter(Callback):
 
     def __init__(self, monitor: str = "val_loss") -> None:
         self.monitor = monitor
-        self.validations: list[tuple[int, float, float]] = []
+        self.validations: list[tuple[int, float, float, float]] = []
         self.backward_passes = 0
         self.train_seconds = 0.0
         self.train_cpu_seconds = 0.0
@@ -67,13 +68,14 @@ class RunMeter(Callback):
         if self._paused:
             value = trainer.callback_metrics.get(self.monitor)
             if value is not None and not trainer.sanity_checking:
-                self.validations.append((trainer.global_step, self.train_seconds, float(value)))
+                step, wall, cpu = trainer.global_step, self.train_seconds, self.train_cpu_seconds
+                self.validations.append((step, wall, cpu, float(value)))
             self._paused = False
             self._start()
 
-    def first_reached(self, target: float) -> tuple[int, float] | None:
-        """The step and training seconds of the first validation inside ``fit`` at or below ``target``."""
-        return next(((step, s) for step, s, value in self.validations if value <= target), None)
+    def first_reached(self, target: float) -> tuple[int, float, float] | None:
+        """The step and training seconds (wall, CPU) of the first validation inside ``fit`` at or below ``target``."""
+        return next(((step, wall, cpu) for step, wall, cpu, value in self.validations if value <= target), None)
 
     @override
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
@@ -93,4 +95,6 @@ class RunMeter(Callback):
         self.backward_passes = int(state["backward_passes"])
         self.train_seconds = float(state["train_seconds"])
         self.train_cpu_seconds = float(state["train_cpu_seconds"])
-        self.validations = [(int(a), float(b), float(c)) for a, b, c in state.get("validations", [])]
+        old = float("nan")  # a checkpoint of version 0.1.0 kept no CPU seconds by validation
+        saved = [v if len(v) == 4 else (v[0], v[1], old, v[2]) for v in state.get("validations", [])]
+        self.validations = [(int(a), float(b), float(c), float(d)) for a, b, c, d in saved]

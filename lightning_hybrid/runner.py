@@ -140,17 +140,18 @@ def _fit(cfg: DictConfig, label: str, run: Run, ckpt_path: Path | None, which: s
         steps=trainer.global_step,
         mode=mode,
         counts={key: summary[key] for key in COUNTS.get(mode, ())},
-        validations=_with_final(meter.validations, trainer.global_step, meter.train_seconds, val),
+        validations=_with_final(meter.validations, (trainer.global_step, *meter.elapsed()), val),
         resumed_from=None if ckpt_path is None else str(ckpt_path),
         load=None if started is None or ended is None else (started, ended),
     )
 
 
-def _with_final(validations: list, step: int, seconds: float, val: Any) -> list[tuple[int, float, float]]:
-    """The validations inside fit, and the one after it where it was at a step none of them was."""
+def _with_final(validations: list, end: tuple[int, float, float], val: Any) -> list[tuple[int, float, float, float]]:
+    """The validations inside fit, and the one after it (at ``end``: step, wall and CPU seconds) where it was at a
+    step none of them was."""
     out = list(validations)
-    if val is not None and all(s != step for s, _, _ in out):
-        out.append((step, seconds, float(val)))
+    if val is not None and all(v[0] != end[0] for v in out):
+        out.append((*end, float(val)))
     return out
 
 
@@ -172,7 +173,8 @@ def run(cfg: DictConfig) -> float | None:
     target = results["plain"].val_loss
     for label, result in results.items():  # when each first reached plain's final validation loss, if it did
         meter = runs[label].meter
-        final = (result.steps, result.train_seconds) if target is not None and result.val_loss <= target else None
+        end = (result.steps, result.train_seconds, result.train_cpu_seconds)
+        final = end if target is not None and result.val_loss <= target else None
         result.reached_plain_at = meter.first_reached(target) or final if target is not None else None
     log.info("\n" + comparison_table(results["plain"], results["hybrid"]))
     out = Path(cfg.paths.output_dir)

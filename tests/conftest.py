@@ -36,10 +36,10 @@ def distributed_runs(tmp_path_factory) -> tuple:
 
     root = tmp_path_factory.mktemp("ranks")
     runs = run_scenarios(root, DISTRIBUTED)
-    resumed = {
-        name.replace("save", "resumed"): (kind, strategy, str(saved_checkpoints(root / name)[1]))
-        for name, (kind, strategy, resume) in DISTRIBUTED.items()
-        if resume == "save"
+    resumed = {  # from each saving run's second checkpoint: step 32 (an epoch's end) or 40 (inside an epoch)
+        name.replace("save", "resumed"): (kind, strategy, str(saved_checkpoints(root / name)[1]), *batches)
+        for name, (kind, strategy, resume, *batches) in DISTRIBUTED.items()
+        if name.startswith("save")
     }
     runs |= run_scenarios(root, resumed)
     runs |= run_scenarios(root, {"two-nodes": ("linear", "ddp", "")}, nodes=2)

@@ -4,7 +4,8 @@ after another in the same process group (a launch costs more than a fit), each f
 process starts with.
 
 Writes each scenario's phase of every step, the first batch it saw and its final parameters (gathered in full
-under FSDP) to ``<out>/<scenario>/rank<R>.pt``.
+under FSDP) to ``<out>/<scenario>/rank<R>.pt``; with ``after``, also what ``validate``, ``test``, ``predict`` and a
+second ``fit`` of the same Trainer gave.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import warnings
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -37,7 +39,7 @@ from tests.helpers import (
     resume_callbacks,
     snoo,
 )
-from tests.user_modules import ManualNetGPT2, NetGPT2, NetLSTM, token_loader
+from tests.user_modules import ManualNetGPT2, NetGPT2, NetLSTM, TokenData, token_loader
 
 RULES = {  # `outer` without the default's guards, then with each, then the defaults (on short cycles)
     "outer": snoo,
@@ -61,12 +63,14 @@ USER_MODULES = {
 
 
 def _strategy(name: str, kind: str) -> Any:
-    """``ddp``, ``fsdp`` and ``fsdp-per-layer`` (hybrid), or ``plain-fsdp-per-layer`` (plain Lightning's FSDP);
-    per layer, a user module's own layer class."""
+    """``ddp``, ``fsdp`` and ``fsdp-per-layer`` (hybrid), or ``plain-fsdp`` and ``plain-fsdp-per-layer`` (plain
+    Lightning's FSDP); per layer, a user module's own layer class."""
     plain, name = name.startswith("plain-"), name.removeprefix("plain-")
-    if kind in USER_MODULES and name == "fsdp-per-layer":
-        module, _, cls = USER_MODULES[kind][1].rpartition(".")
-        policy = {getattr(importlib.import_module(module), cls)}
+    if plain or (kind in USER_MODULES and name == "fsdp-per-layer"):
+        policy = None
+        if name == "fsdp-per-layer":
+            module, _, cls = USER_MODULES[kind][1].rpartition(".")
+            policy = {getattr(importlib.import_module(module), cls)}
         return (FullyShardedStrategy if plain else HybridFSDPStrategy)(
             auto_wrap_policy=policy, process_group_backend="gloo"
         )
@@ -89,8 +93,30 @@ class Record(L.Callback):
 FRESH_RNG = torch.random.get_rng_state()  # each scenario starts from it, as in a process of its own
 
 
-def main(out_dir: str, kind: str, nodes: int = 1, resume: str | None = None, strategy: str = "ddp") -> None:
-    """``resume``: ``"save"`` checkpoints at every epoch end (16 steps), a path resumes from that checkpoint."""
+SAVE_EVERY = {"save": 16, "save-midepoch": 20}  # steps between checkpoints: at epoch ends, or inside epochs
+
+
+def _after_fit(trainer: L.Trainer, model: L.LightningModule) -> dict[str, Any]:
+    """What a user does next with the Trainer that fitted: validate, test and predict, then fit 4 steps more."""
+    held_out = token_loader(64, seed=2)  # as each epoch of the fit was validated
+    out = {
+        "validate": trainer.validate(model, held_out, verbose=False)[0]["val_loss"],
+        "test": trainer.test(model, held_out, verbose=False)[0]["test_loss"],
+        "predict": torch.stack(trainer.predict(model, held_out)).sum().item(),
+    }
+    trainer.fit_loop.epoch_loop.max_steps += 4
+    trainer.fit(model, token_loader())
+    return out | {"steps": trainer.global_step, "params": flat_params(model)}
+
+
+def main(
+    out_dir: str, kind: str, nodes: int = 1, resume: str | None = None, strategy: str = "ddp", batches: str = ""
+) -> None:
+    """``resume``: ``"save"`` checkpoints at every epoch end (16 steps), ``"save-midepoch"`` every 20 steps, a path
+    resumes from that checkpoint; ``"after"`` validates, tests, predicts and fits again after the fit. ``batches``
+    (user modules): ``""`` the token windows in order, ``"stateful"`` shuffled by torchdata's
+    ``StatefulDistributedSampler`` in a ``StatefulDataLoader``, ``"shuffled"`` a ``StatefulDataLoader(shuffle=True)``
+    as users write it (Lightning shards its sampler)."""
     torch.random.set_rng_state(FRESH_RNG)
     record = Record()
     kind, _, optimizer = kind.partition("-")  # e.g. "linear-sgd": the linear predictor, the model trained with SGD
@@ -108,13 +134,15 @@ def main(out_dir: str, kind: str, nodes: int = 1, resume: str | None = None, str
     else:  # a learned predictor with the bandit timing steps in wall-clock seconds, which differ per rank
         callbacks = hybrid_callbacks(predictor=kind, **FAST_PHASES, **LEARNED[kind])
     extra: list[L.Callback] = [record]
-    if resume == "save":
-        extra.append(ModelCheckpoint(f"{out_dir}/ckpt", every_n_train_steps=16, save_top_k=-1, filename="{step}"))
+    if resume in SAVE_EVERY:
+        every = SAVE_EVERY[resume]
+        extra.append(ModelCheckpoint(f"{out_dir}/ckpt", every_n_train_steps=every, save_top_k=-1, filename="{step}"))
     trainer, _ = hybrid_trainer(
         60,
         hybrid=callbacks,
         extra_callbacks=extra,
-        enable_checkpointing=resume == "save",
+        enable_checkpointing=resume in SAVE_EVERY,
+        use_distributed_sampler=batches != "stateful",  # the loader brings its own distributed sampler
         devices=2 // nodes,
         num_nodes=nodes,
         strategy=_strategy(strategy, kind),
@@ -122,25 +150,31 @@ def main(out_dir: str, kind: str, nodes: int = 1, resume: str | None = None, str
         default_root_dir=out_dir,
     )
     if kind in USER_MODULES:
-        model, data = USER_MODULES[kind][0](), token_loader()
+        model, data = USER_MODULES[kind][0](), TokenData(batches) if batches else token_loader()
     else:
         model = (
             MuonModel() if kind == "muon" else RegressionModel(scheduler=True, optimizer=optimizer or "adam", lr=1e-2)
         )
         data = loader(512, batch_size=16)
-    ckpt_path = resume if resume not in (None, "save") else None
-    trainer.fit(model, data, ckpt_path=ckpt_path)  # 16 steps per epoch and rank
+    ckpt_path = resume if resume not in (None, "after", *SAVE_EVERY) else None
+    with warnings.catch_warnings(record=True) as said:  # what the run said, validation after fit included
+        warnings.simplefilter("always")
+        held_out = token_loader(64, seed=2) if resume == "after" else None  # validated at each epoch's end
+        trainer.fit(model, data, held_out, ckpt_path=ckpt_path)  # 16 steps per epoch and rank
+        saved = {"params": flat_params(model), "steps": trainer.global_step}
+        if resume == "after":
+            saved["after"] = _after_fit(trainer, model)
+    saved["warnings"] = [str(w.message) for w in said]
     scheduler, rule = find_scheduler(trainer), kind in RULES or kind in USER_MODULES
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     if scheduler is None:  # plain Lightning: what it trained
-        plain = {"params": flat_params(model), "steps": trainer.global_step}
-        torch.save(plain, f"{out_dir}/rank{trainer.global_rank}.pt")
+        torch.save(saved, f"{out_dir}/rank{trainer.global_rank}.pt")
         return
     torch.save(
         {
+            **saved,
             "phases": record.phases,
             "first_batch": record.first_batch,
-            "params": flat_params(model),
             "local_numel": sum(t.numel() for g in scheduler.predictor.predictor.directions() for t in g)
             if not rule
             else None,
@@ -154,10 +188,10 @@ def main(out_dir: str, kind: str, nodes: int = 1, resume: str | None = None, str
 
 
 if __name__ == "__main__":
-    out, nodes, *scenarios = sys.argv[1:]  # each scenario: "name|kind|strategy|resume" (resume may be empty)
+    out, nodes, *scenarios = sys.argv[1:]  # each scenario: "name|kind|strategy|resume|loader" (the last two may be "")
     for scenario in scenarios:  # one after another in this process group, as several fits in one script
-        name, kind, strategy, resume = scenario.split("|")
-        main(str(Path(out) / name), kind, int(nodes), resume or None, strategy)
+        name, kind, strategy, resume, batches = scenario.split("|")
+        main(str(Path(out) / name), kind, int(nodes), resume or None, strategy, batches)
     if torch.distributed.is_initialized():  # leave the group in order; not enough on its own, see os._exit below
         torch.distributed.destroy_process_group()
     # The results are saved. Skip the interpreter's teardown: a gloo thread still joinable there at times aborts

@@ -417,14 +417,14 @@ def app_config(tmp_path: Path, *overrides: str, base: list[str] = APP_TINY) -> A
 
 
 def run_scenarios(
-    out_dir: Path, scenarios: dict[str, tuple[str, str, str]], world_size: int = 2, nodes: int = 1
+    out_dir: Path, scenarios: dict[str, tuple[str, ...]], world_size: int = 2, nodes: int = 1
 ) -> dict[str, list[dict]]:
     """Launch the ranks of ``tests/ddp_worker.py`` as torchrun (one node) or a cluster launcher (one process per
-    node) would, running every scenario (name: ``(kind, strategy, resume)``) one after another in that process
-    group; returns what each rank wrote, by scenario."""
+    node) would, running every scenario (name: ``(kind, strategy, resume)``, and the batches of a user module's
+    run as a fourth) one after another in that process group; returns what each rank wrote, by scenario."""
     port = free_port()
     procs = []
-    specs = [f"{name}|{kind}|{strategy}|{resume}" for name, (kind, strategy, resume) in scenarios.items()]
+    specs = ["|".join((name, *scenario, "")[:5]) for name, scenario in scenarios.items()]
     for rank in range(world_size):
         env = {
             # Lightning's seed_everything in this process (the app, the harness) leaves PL_GLOBAL_SEED and
@@ -448,8 +448,11 @@ def run_scenarios(
     return {name: [load(out_dir / name / f"rank{r}.pt") for r in range(world_size)] for name in scenarios}
 
 
-# The two-process scenarios the DDP and FSDP tests read, run in one launch: name -> (kind, strategy, resume);
-# "save" checkpoints every 16 steps, and a `resumed-` run goes on from the `save-` run's second checkpoint.
+FSDP_UNITS = ("fsdp-per-layer", "plain-fsdp-per-layer", "fsdp", "plain-fsdp")  # hybrid and plain, per layer and whole
+
+# The two-process scenarios the DDP and FSDP tests read, run in one launch: name -> (kind, strategy, resume[,
+# batches]) (see tests/ddp_worker.py); "save" checkpoints every 16 steps (epoch ends), "save-midepoch" every 20, and
+# a `resumed-` run goes on from the `save-` run's second checkpoint.
 DISTRIBUTED = {
     "linear": ("linear", "ddp", ""),
     "exploding": ("exploding", "ddp", ""),
@@ -468,11 +471,17 @@ DISTRIBUTED = {
     "save-linear-ddp": ("linear", "ddp", "save"),
     "save-exploding-ddp": ("exploding", "ddp", "save"),
     "save-linear-fsdp": ("linear", "fsdp", "save"),
-    # modules as users write them (tests/user_modules.py), plain and hybrid, under DDP and FSDP per layer
-    **{f"{m}-{s}": (m, s, "") for m in ("gpt2", "lstm") for s in ("fsdp-per-layer", "plain-fsdp-per-layer")},
+    # modules as users write them (tests/user_modules.py), plain and hybrid, under DDP and FSDP per layer; GPT-2
+    # then validated, tested, predicted and fitted again by the same Trainer, under FSDP per layer and whole
+    **{f"lstm-{s}": ("lstm", s, "") for s in FSDP_UNITS[:2]},
+    **{f"gpt2-{s}": ("gpt2", s, "after") for s in FSDP_UNITS},
     "gpt2-ddp": ("gpt2", "ddp", ""),  # the defaults under FSDP against DDP, on a module that calls a submodule
     **{f"save-{m}-fsdp-per-layer": (m, "fsdp-per-layer", "save") for m in ("gpt2", "lstm")},
     "gpt2_manual-fsdp-per-layer": ("gpt2_manual", "fsdp-per-layer", ""),
+    # checkpoints inside epochs, from torchdata's stateful loader with its distributed sampler, resumed; and from
+    # the stateful loader as users first write it, whose sampler Lightning shards (the plugin warns)
+    **{f"save-gpt2-{s}-midepoch": ("gpt2", s, "save-midepoch", "stateful") for s in ("fsdp", "plain-fsdp")},
+    "shuffled-gpt2-fsdp": ("gpt2", "fsdp", "save-midepoch", "shuffled"),
 }
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from lightning_hybrid import Phase
-from tests.helpers import saved_checkpoints
+from tests.helpers import FSDP_UNITS, saved_checkpoints
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ranks")]  # two processes, launched once for all (conftest)
 
@@ -163,3 +163,63 @@ def test_a_sharded_resume_of_a_module_as_users_write_it_is_exact(distributed_run
     for before, after in zip(full, resumed):
         assert torch.equal(after["params"], before["params"])
         assert [after["summary"][k] for k in JUMP_COUNTS] == [before["summary"][k] for k in JUMP_COUNTS]
+
+
+def _held_out_loss_and_logits(params: torch.Tensor) -> tuple[float, float]:
+    """The mean loss and the sum of the logits over the held-out windows, of GPT-2 with ``params``, in one process."""
+    from tests.user_modules import NetGPT2, token_loader
+
+    model = NetGPT2()
+    torch.nn.utils.vector_to_parameters(params, model.parameters())
+    windows = next(iter(token_loader(64, batch_size=64, seed=2)))
+    with torch.no_grad():
+        return model._loss(windows).item(), model.net(input_ids=windows[0]).logits.sum().item()
+
+
+@pytest.mark.parametrize("strategy", FSDP_UNITS)
+def test_validate_test_predict_and_fit_again_after_an_fsdp_fit(distributed_runs, strategy):
+    """What a user does next with the Trainer that fitted GPT-2 (held as ``self.net``) under FSDP, the whole model
+    one unit or each block: ``validate`` and ``test`` see the fitted weights on both ranks, ``predict`` splits the
+    windows between the ranks, and a second ``fit`` trains on from them. Before, the whole-model unit failed there
+    ("fully_shard has already been applied"). Nothing of the plugin's makes Lightning warn, with no logger."""
+    ranks = distributed_runs[1][f"gpt2-{strategy}"]
+    loss, logits = _held_out_loss_and_logits(ranks[0]["params"])
+    for rank in ranks:
+        after = rank["after"]
+        assert after["validate"] == after["test"] == pytest.approx(loss, rel=1e-5)
+        assert after["steps"] == 64 and not torch.equal(after["params"], rank["params"])
+        assert not [w for w in rank["warnings"] if "hybrid/" in w]
+    assert ranks[0]["after"]["predict"] + ranks[1]["after"]["predict"] == pytest.approx(logits, rel=1e-4)
+    assert torch.equal(ranks[0]["after"]["params"], ranks[1]["after"]["params"])
+    if not strategy.endswith("per-layer"):  # the same run as sharded per layer, up to rounding
+        per_layer = distributed_runs[1][f"gpt2-{strategy}-per-layer"]
+        assert _apart(ranks[0]["after"]["params"], per_layer[0]["after"]["params"]) < 1e-4
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "plain-fsdp"])
+def test_a_sharded_resume_inside_an_epoch_is_bitwise_with_torchdatas_distributed_sampler(distributed_runs, strategy):
+    """torchdata's ``StatefulDataLoader`` with its ``StatefulDistributedSampler`` (and
+    ``use_distributed_sampler=False``) resumes inside an epoch (step 40 of 16 a epoch) with the batches the
+    uninterrupted run drew: plain and hybrid FSDP end bitwise as it did on every rank, and the plugin says nothing
+    of the loader."""
+    root, runs = distributed_runs
+    full, resumed = runs[f"save-gpt2-{strategy}-midepoch"], runs[f"resumed-gpt2-{strategy}-midepoch"]
+    assert [p.stem for p in saved_checkpoints(root / f"save-gpt2-{strategy}-midepoch")] == [
+        "step=20",
+        "step=40",
+        "step=60",
+    ]
+    for before, after in zip(full, resumed):
+        assert after["steps"] == 60 and torch.equal(after["params"], before["params"])
+        assert not [w for w in before["warnings"] if "falls inside an epoch" in w]
+
+
+def test_a_stateful_loader_whose_sampler_lightning_shards_is_said_not_to_resume_exactly(distributed_runs):
+    """``StatefulDataLoader(shuffle=True)`` on two ranks: Lightning wraps its sampler in a
+    ``DistributedSamplerWrapper``, which draws each epoch's order anew; the first checkpoint inside an epoch says
+    so, once, on rank 0, naming the way to an exact resume (``tests/test_resumable_loaders.py`` shows the order)."""
+    ranks = distributed_runs[1]["shuffled-gpt2-fsdp"]
+    said = [w for w in ranks[0]["warnings"] if "falls inside an epoch" in w]
+    assert len(said) == 1 and "step 20" in said[0] and "DistributedSamplerWrapper" in said[0]
+    assert "StatefulDistributedSampler" in said[0] and "use_distributed_sampler=False" in said[0]
+    assert not [w for w in ranks[1]["warnings"] if "falls inside an epoch" in w]

@@ -178,9 +178,11 @@ def test_the_run_meter_says_when_a_loss_was_first_reached():
     from lightning_hybrid import RunMeter
 
     meter = RunMeter()
-    meter.validations = [(10, 1.0, 2.5), (20, 2.0, 1.9), (30, 3.0, 2.1), (40, 4.0, 1.5)]
-    assert meter.first_reached(2.0) == (20, 2.0) and meter.first_reached(1.5) == (40, 4.0)
+    meter.validations = [(10, 1.0, 1.5, 2.5), (20, 2.0, 3.0, 1.9), (30, 3.0, 4.5, 2.1), (40, 4.0, 6.0, 1.5)]
+    assert meter.first_reached(2.0) == (20, 2.0, 3.0) and meter.first_reached(1.5) == (40, 4.0, 6.0)
     assert meter.first_reached(1.0) is None
     again = RunMeter()
     again.load_state_dict(meter.state_dict())
     assert again.validations == meter.validations
+    again.load_state_dict({**meter.state_dict(), "validations": [[10, 1.0, 2.5]]})  # kept no CPU seconds
+    assert again.validations[0][::3] == (10, 2.5) and again.validations[0][2] != again.validations[0][2]

@@ -16,11 +16,35 @@ from torch.utils.data import DataLoader, TensorDataset
 VOCAB, LENGTH = 64, 16
 
 
-def token_loader(n: int = 512, batch_size: int = 16, seed: int = 1) -> DataLoader:
+def token_windows(n: int = 512, seed: int = 1) -> TensorDataset:
     """Windows of random token ids, each with its next-token targets."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, VOCAB, (n, LENGTH + 1), generator=g)
-    return DataLoader(TensorDataset(ids[:, :-1], ids[:, 1:]), batch_size=batch_size)
+    return TensorDataset(ids[:, :-1], ids[:, 1:])
+
+
+def token_loader(n: int = 512, batch_size: int = 16, seed: int = 1) -> DataLoader:
+    return DataLoader(token_windows(n, seed), batch_size=batch_size)
+
+
+class TokenData(L.LightningDataModule):
+    """The token windows shuffled in torchdata's ``StatefulDataLoader``, which Lightning checkpoints mid-epoch:
+    ``"shuffled"`` as users first write it (``shuffle=True``; on several ranks Lightning shards its sampler), or
+    ``"stateful"`` with torchdata's ``StatefulDistributedSampler`` (for ``use_distributed_sampler=False``), built
+    here, once the process group is up."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+
+    def train_dataloader(self) -> DataLoader:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+        from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
+
+        data = token_windows()
+        if self.kind == "shuffled":
+            return StatefulDataLoader(data, batch_size=16, shuffle=True)
+        return StatefulDataLoader(data, batch_size=16, sampler=StatefulDistributedSampler(data, shuffle=True, seed=0))
 
 
 class NetGPT2(L.LightningModule):
@@ -39,12 +63,20 @@ class NetGPT2(L.LightningModule):
         self.net, self.lr = GPT2LMHeadModel(config), lr
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self._loss(batch)
+
+    def _loss(self, batch: Any) -> torch.Tensor:
         x, y = batch
         return F.cross_entropy(self.net(input_ids=x).logits.flatten(0, 1), y.flatten())
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
-        x, y = batch
-        self.log("val_loss", F.cross_entropy(self.net(input_ids=x).logits.flatten(0, 1), y.flatten()))
+        self.log("val_loss", self._loss(batch), sync_dist=True)
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self.log("test_loss", self._loss(batch), sync_dist=True)
+
+    def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self.net(input_ids=batch[0]).logits.sum()
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.parameters(), lr=self.lr)

@@ -15,8 +15,9 @@ OLD_UNVERIFIED_KEY = "hybrid_unverified_segment"  # where state version 2 kept t
 
 def is_unverified_checkpoint(checkpoint: dict[str, Any]) -> bool:
     """Whether a loaded checkpoint was written inside an unverified prediction (a Predict segment, or a jump
-    awaiting its verdict): it resumes exactly, but its model weights may yet be rolled back. Reads the scheduler's
-    state (``checkpoint["callbacks"]["HybridScheduler"]["unverified"]``), and the top-level flag of state version 2."""
+    awaiting its verdict): a resume judges them where the uninterrupted run would, and may roll them back. Reads
+    the scheduler's state (``checkpoint["callbacks"]["HybridScheduler"]["unverified"]``), and the top-level flag of
+    state version 2."""
     if OLD_UNVERIFIED_KEY in checkpoint:
         return bool(checkpoint[OLD_UNVERIFIED_KEY])
     states = checkpoint.get("callbacks", {})
@@ -28,8 +29,8 @@ def say_unverified(unverified: bool, step: int, said: bool) -> bool:
     if unverified and not said:
         rank_zero_info(
             f"hybrid: the checkpoint saved at step {step} holds weights not yet verified (a jump awaiting its "
-            "verdict, or a Predict segment): it resumes exactly, but a rollback may yet undo them; "
-            "lightning_hybrid.is_unverified_checkpoint(checkpoint) says which checkpoints do"
+            "verdict, or a Predict segment): a resume judges them where the uninterrupted run would, and a rollback "
+            "may yet undo them; lightning_hybrid.is_unverified_checkpoint(checkpoint) says which checkpoints do"
         )
     return said or unverified
 

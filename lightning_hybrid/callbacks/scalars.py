@@ -30,5 +30,7 @@ def log_step(pl_module: pl.LightningModule, metrics: dict[str, float]) -> None:
 
 def log_unverified(pl_module: pl.LightningModule, unverified: bool) -> None:
     """Whether a validation sees unverified weights (1) or verified ones (0), logged with its own metrics at its
-    step (from a callback's ``on_validation_start``)."""
-    pl_module.log("hybrid/unverified", float(unverified), on_step=False, on_epoch=True, logger=True, batch_size=1)
+    step (from a callback's ``on_validation_start``). Every rank holds the same value; ``sync_dist`` averages it
+    over them once a validation, so Lightning has nothing to warn of, nor without a logger."""
+    loggers = bool(pl_module.trainer.loggers)
+    pl_module.log("hybrid/unverified", float(unverified), on_epoch=True, logger=loggers, batch_size=1, sync_dist=True)

@@ -19,6 +19,7 @@ from lightning_hybrid.callbacks.base import HybridComponent
 from lightning_hybrid.callbacks.checkpoint_flag import UNVERIFIED, say_resuming, say_unverified
 from lightning_hybrid.callbacks.monitor import DivergenceMonitor
 from lightning_hybrid.callbacks.predictor import DynamicsPredictor
+from lightning_hybrid.callbacks.resumable import unresumable_checkpoint
 from lightning_hybrid.callbacks.routing import DEFAULT_RULE, SchedulerSettings, split_scheduler_settings
 from lightning_hybrid.callbacks.scalars import log_step, log_unverified, logging_step
 from lightning_hybrid.callbacks.wiring import (
@@ -84,6 +85,7 @@ class HybridScheduler(HybridComponent):
         self._in_step = False
         self._per_batch, self._seen = 1, 0  # optimizers stepping each batch; the global step last seen
         self._said_unverified = False  # this fit has said that a checkpoint holds unverified weights
+        self._said_unresumable = False  # ... that a checkpoint will not resume with the uninterrupted run's batches
 
     @property
     def phase(self) -> Phase:
@@ -108,7 +110,7 @@ class HybridScheduler(HybridComponent):
         super().setup(trainer, pl_module, stage)
         if stage != "fit":
             return
-        self._said_unverified = False
+        self._said_unverified = self._said_unresumable = False
         self.predictor = predictor_host(trainer, self, self._own_host, self.rule_settings)
         try:
             family = family_of(self.predictor.predictor)
@@ -226,9 +228,15 @@ class HybridScheduler(HybridComponent):
 
     @override
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
-        """Say so the first time a fit saves a checkpoint that holds unverified weights (its state says so too)."""
+        """Say so the first time a fit saves a checkpoint that holds unverified weights (its state says so too), and
+        the first time it saves one inside an epoch that its training loader cannot resume exactly."""
         said, step = self._said_unverified, trainer.global_step
         self._said_unverified = say_unverified(self.engine.unverified, step, said)
+        if not self._said_unresumable:
+            message = unresumable_checkpoint(trainer)
+            if message is not None:
+                rank_zero_warn(message)
+                self._said_unresumable = True
 
     @override
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:

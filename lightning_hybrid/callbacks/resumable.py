@@ -1,0 +1,57 @@
+"""Whether a checkpoint saved now resumes with the batches the uninterrupted run would have drawn: the plugin's own
+state always resumes exactly, but the run as a whole does only where the training loader can take up where it
+was. Lightning saves a loader's place only if the loader has ``state_dict``/``load_state_dict``, and even then a
+loader whose sampler Lightning wrapped for several ranks (``DistributedSamplerWrapper``) draws the epoch's order
+anew from the process's random state, which no checkpoint holds: its saved place points into another order."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
+from lightning.fabric.utilities.types import _Stateful
+from lightning.pytorch.utilities.combined_loader import CombinedLoader
+
+EXACT_LOADERS = (
+    "torchdata's StatefulDataLoader (on several ranks with its StatefulDistributedSampler as the sampler and "
+    "Trainer(use_distributed_sampler=False)), or checkpoints at epoch ends"
+)
+
+
+def mid_epoch(trainer: pl.Trainer) -> bool:
+    """Whether the fit is inside an epoch: some of its batches ran, not all of them."""
+    ran = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+    return 0 < ran < trainer.num_training_batches  # an iterable loader of unknown length: always inside
+
+
+def why_not_resumable(loader: Any) -> str | None:
+    """Why ``loader`` cannot resume mid-epoch with the batches it would have handed out, or ``None`` if it can."""
+    name = type(loader).__name__
+    if not isinstance(loader, _Stateful):
+        return f"the training loader ({name}) has no state_dict/load_state_dict, so a resume starts its epoch over"
+    samplers = (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None))
+    wrapped = next((s for s in samplers if isinstance(s, DistributedSamplerWrapper)), None)
+    if wrapped is not None:
+        inner = type(wrapped.dataset._sampler).__name__
+        return (
+            f"Lightning wrapped the training loader's sampler ({inner}) in a DistributedSamplerWrapper for the "
+            f"ranks, which draws each epoch's order anew from this process's random state: the {name}'s saved "
+            "place points into another order on resume"
+        )
+    return None
+
+
+def unresumable_checkpoint(trainer: pl.Trainer) -> str | None:
+    """What to tell a user whose checkpoint, saved now, will not resume with the uninterrupted run's batches."""
+    if trainer.state.fn != "fit" or not mid_epoch(trainer):
+        return None
+    loaders = CombinedLoader(trainer.train_dataloader).flattened if trainer.train_dataloader is not None else []
+    reason = next((r for r in map(why_not_resumable, loaders) if r is not None), None)
+    if reason is None:
+        return None
+    return (
+        f"hybrid: the checkpoint saved at step {trainer.global_step} falls inside an epoch, and {reason}. A run "
+        "resumed from it trains on other batches than the uninterrupted run would (the plugin's own state resumes "
+        f"exactly). For an exact resume use {EXACT_LOADERS}."
+    )
