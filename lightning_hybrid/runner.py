@@ -16,6 +16,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from lightning.fabric.utilities.seed import _collect_rng_states, _set_rng_states
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig, OmegaConf
 
 from lightning_hybrid.callbacks import find_scheduler
@@ -155,18 +156,31 @@ def _with_final(validations: list, end: tuple[int, float, float], val: Any) -> l
     return out
 
 
+class SettingError(ValueError):
+    """A setting the app refuses before anything trains: the component's (or Lightning's) own message."""
+
+
+def _prepare(cfg: DictConfig) -> tuple[dict[str, Run], dict[str, Path | None]]:
+    """Every run the mode makes (``plain``, ``hybrid``), built and checked with the checkpoint each resumes from,
+    before any trains; a refused setting raises :class:`SettingError`."""
+    try:
+        check_choice("app", "mode", cfg.mode, MODES)
+        labels = ("plain", "hybrid") if cfg.mode == "compare" else ("hybrid" if cfg.mode == "train" else "plain",)
+        runs = {label: build_run(cfg, hybrid=label == "hybrid") for label in labels}
+        return runs, {label: _checkpoint(cfg, label, r) for label, r in runs.items()}
+    except (ValueError, TypeError, InstantiationException, MisconfigurationException) as err:
+        raise SettingError(str(err)) from err
+
+
 def run(cfg: DictConfig) -> float | None:
     """Train as ``cfg.mode`` says; return the validation ``monitor`` value of the (hybrid) run, for sweepers."""
-    check_choice("app", "mode", cfg.mode, MODES)
+    runs, resume = _prepare(cfg)
     if cfg.mode != "compare":
-        label = "hybrid" if cfg.mode == "train" else "plain"
-        one = build_run(cfg, hybrid=cfg.mode == "train")
-        result = _fit(cfg, cfg.mode, one, _checkpoint(cfg, label, one))
+        label = next(iter(runs))  # the one run
+        result = _fit(cfg, cfg.mode, runs[label], resume[label])
         if result.val_loss is not None:
             log.info(f"final {cfg.monitor}: {result.val_loss:.4f}")
         return result.val_loss
-    runs = {label: build_run(cfg, hybrid=label == "hybrid") for label in ("plain", "hybrid")}  # validate both first
-    resume = {label: _checkpoint(cfg, label, r) for label, r in runs.items()}
     results = {
         label: _fit(cfg, label, r, resume[label], f"fit {i} of 2, ") for i, (label, r) in enumerate(runs.items(), 1)
     }

@@ -35,6 +35,8 @@ class RunCounters:
     nonfinite_steps_skipped: int = 0
     outlier_steps_skipped: int = 0
     backed_off_steps: int = 0  # ordinary steps without update capture or predictor training
+    backed_off_by: dict[str, int] = field(default_factory=dict)  # those steps by reason (engine/policy.py's)
+    confidence_peak: float | None = None  # the predictor's highest confidence at the end of a Full cycle
 
     @property
     def steps_total(self) -> int:

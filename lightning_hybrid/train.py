@@ -14,16 +14,22 @@ editable install reads in place), so a wheel install needs no checkout.
 from __future__ import annotations
 
 import logging
+import shutil
 import sys
+import warnings
+from pathlib import Path
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from lightning_hybrid.overrides import misplaced
-from lightning_hybrid.runner import run
+from lightning_hybrid.runner import SettingError, run
 from lightning_hybrid.schema import register_configs
 
 CONFIG_MODULE = "lightning_hybrid.configs"
+HYDRAS_FILES = (".hydra", "train.log")  # what Hydra writes into a run's folder before the run starts
 
 register_configs()
 
@@ -31,7 +37,39 @@ register_configs()
 @hydra.main(version_base="1.3", config_path=f"pkg://{CONFIG_MODULE}", config_name="train")
 def _app(cfg: DictConfig) -> float | None:
     _through_hydras_logging("lightning", "lightning.pytorch")
-    return run(cfg)
+    _without_lightnings_asides()
+    try:
+        return run(cfg)
+    except SettingError as err:
+        hydra_cfg = HydraConfig.get()
+        if hydra_cfg.mode is not RunMode.RUN:  # a sweep's job: Hydra records the failure and the sweep goes on
+            raise
+        _remove_unused(Path(hydra_cfg.runtime.output_dir))
+        sys.exit(f"lightning-hybrid-train: {err}")
+
+
+def _remove_unused(folder: Path) -> None:
+    """The folder Hydra made for a run that failed before training, if it holds nothing but Hydra's own files
+    (``.hydra/``, ``train.log``); then each parent it leaves empty, up to the working directory."""
+    if not folder.is_dir() or any(p.name not in HYDRAS_FILES for p in folder.iterdir()):
+        return
+    shutil.rmtree(folder)
+    stop = Path.cwd().resolve()
+    for parent in folder.resolve().parents:
+        if parent == stop or not parent.is_relative_to(stop) or any(parent.iterdir()):
+            break
+        parent.rmdir()
+
+
+def _without_lightnings_asides() -> None:
+    """Leave out what Lightning prints that no setting of the app caused nor can change: the tip to install its
+    cloud logger, at every Trainer's start, and the deprecation Lightning 2.6 meets in torch 2.13's pytree API."""
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_not_a_tip)  # once, however many runs
+    warnings.filterwarnings("ignore", message=r".*`isinstance\(treespec, LeafSpec\)` is deprecated")
+
+
+def _not_a_tip(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("💡 Tip:")
 
 
 def _through_hydras_logging(*names: str) -> None:

@@ -6,6 +6,8 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+from lightning_hybrid.settings import did_you_mean
+
 
 def _fail(owner: str, name: str, value: Any, allowed: str) -> ValueError:
     return ValueError(f"{owner}: `{name}` must be {allowed}, got {value!r}")
@@ -46,8 +48,9 @@ def check_float(
 
 
 def check_choice(owner: str, name: str, value: Any, choices: Iterable[str]) -> str:
-    """One of a fixed set of names."""
+    """One of a fixed set of names; a misspelt one is told the closest."""
     choices = sorted(choices)
     if value not in choices:
-        raise _fail(owner, name, value, "one of " + ", ".join(repr(c) for c in choices))
+        close = did_you_mean(value, choices) if isinstance(value, str) else ""
+        raise ValueError(f"{_fail(owner, name, value, 'one of ' + ', '.join(repr(c) for c in choices))}{close}")
     return value

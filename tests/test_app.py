@@ -179,8 +179,10 @@ def test_a_wrong_key_or_type_fails_at_composition_naming_it(tmp_path, override, 
     [
         ("hybrid.max_predict_steps=0", r"HybridConfig: `max_predict_steps` must be an integer >= 1, got 0"),
         ("predictor.decay=1.5", r"LinearPredictor: `decay` must be .*got 1.5"),
-        ("mode=fast", r"`mode` must be one of 'compare', 'plain', 'train', got 'fast'"),
+        ("mode=fast", r"`mode` must be one of 'compare', 'plain', 'train', got 'fast'$"),
+        ("mode=comapre", r"`mode` must be one of 'compare', 'plain', 'train', got 'comapre'; did you mean `compare`"),
         ("trainer.strategy=ddp", r"`strategy` must be one of 'hybrid', 'hybrid_ddp', 'hybrid_fsdp', got 'ddp'"),
+        ("trainer.strategy=hybrid_dpp", r"got 'hybrid_dpp'; did you mean `hybrid_ddp`"),
     ],
 )
 def test_an_out_of_range_value_fails_with_the_components_error_before_training(tmp_path, override, message):
@@ -289,6 +291,7 @@ def test_console_script_trains_and_rejects_a_bad_key(tmp_path):
     assert script, "the package's console script is not installed (pip install -e .)"
     ok = _cli(script, f"paths.output_dir={tmp_path}", cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr[-3000:]
+    assert "litlogger" not in ok.stdout + ok.stderr and "LeafSpec" not in ok.stdout + ok.stderr  # Lightning's asides
     assert re.search(r"final val_loss: \d+\.\d{4}", ok.stdout)
     assert (tmp_path / "tensorboard" / "hybrid" / "hybrid_summary.json").exists()
     bad = _cli(script, "hybrid.max_predict_stepz=3", cwd=tmp_path)
@@ -313,6 +316,22 @@ def test_a_misplaced_or_misspelt_setting_is_refused_before_hydra_composes(tmp_pa
     bad = _cli(sys.executable, "-m", "lightning_hybrid.train", override, cwd=tmp_path, base=[])
     assert bad.returncode != 0 and said in bad.stderr, bad.stderr[-2000:]
     assert not (tmp_path / "logs").exists()  # refused before any run folder was made
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [
+        ("predictor.outer_lr=5", "OuterMomentum: `outer_lr` must be a finite number in (0.0, 2.0], got 5.0"),
+        ("mode=comapre", "app: `mode` must be one of 'compare', 'plain', 'train', got 'comapre'; did you mean `compare`?"),  # noqa: E501
+    ],
+)
+def test_a_value_refused_before_training_is_one_line_and_leaves_no_run_folder(tmp_path, override, said):
+    """Hydra made the run's folder; the app refuses the value (the component's own message, one line, no
+    traceback) and removes the folder it left empty, and its parents up to the working directory."""
+    bad = _cli(sys.executable, "-m", "lightning_hybrid.train", override, cwd=tmp_path, base=[])
+    assert bad.returncode == 1 and bad.stderr.splitlines()[-1] == f"lightning-hybrid-train: {said}", bad.stderr[-2000:]
+    assert "Traceback" not in bad.stderr and not (tmp_path / "logs").exists()
 
 
 @pytest.mark.slow

@@ -145,8 +145,14 @@ def test_nan_loss_in_ordinary_steps_never_reaches_the_weights():
     before = _Before()
     trainer, _logger, scheduler = _trainer(LinearPredictor(), extra=[before])
     model = NanAt(steps={2, 7, 8})  # one warmup step and two full steps
-    trainer.fit(model, loader())
+    with pytest.warns(UserWarning, match="skipped the update") as said:
+        trainer.fit(model, loader())
     assert scheduler.counters.nonfinite_steps_skipped == 3
+    skips = [str(w.message) for w in said if "skipped the update" in str(w.message)]
+    assert skips == [  # said as it happens, once a fit; the others counted
+        "hybrid: skipped the update of step 3: its loss or gradient was not finite; the weights and the optimizer's "
+        "state are as before it. Further skips in this fit are counted in its summary."
+    ]
     assert before.unchanged[2] and before.unchanged[7] and before.unchanged[8]
     assert not before.unchanged[3]
     assert torch.isfinite(flat_params(model)).all()

@@ -6,6 +6,7 @@ from torch import nn
 
 from lightning_hybrid import HybridConfig, Phase
 from lightning_hybrid.engine import Due, HybridEngine, PhaseMachine, PredictionPolicy
+from lightning_hybrid.engine.policy import LEARNING_RATE, PAUSED, SWITCHED_OFF
 from lightning_hybrid.predictors import LinearPredictor
 from tests.helpers import FAST_PHASES, bare_engine, bare_step
 
@@ -70,9 +71,9 @@ def test_back_off_pauses_double_until_a_segment_is_accepted():
     policy = PredictionPolicy(HybridConfig(full_steps=10, backoff_after=2, predict_lr_fraction=1.0))
     policy.start([1.0])
     policy.decline(10)
-    assert not policy.backed_off(11, lambda: [1.0])  # one declined cycle: still observing
+    assert policy.backed_off(11, lambda: [1.0]) is None  # one declined cycle: still observing
     policy.decline(20)
-    assert policy.backed_off(21, lambda: [1.0]) and policy.backoff_until == 30
+    assert policy.backed_off(21, lambda: [1.0]) == PAUSED and policy.backoff_until == 30
     assert not policy.backed_off(30, lambda: [1.0])
     policy.decline(40)  # the first declined cycle after a pause starts the next, twice as long
     assert policy.backoff_until == 60
@@ -87,7 +88,7 @@ def test_the_learning_rate_gate_opens_once_every_group_has_decayed():
     assert policy.backed_off(0, lambda: [1.0, 0.1])
     policy.track_peak([2.0, 0.1])  # a warmup raises the first group's peak
     assert policy.lr_peak == [2.0, 0.1]
-    assert policy.backed_off(0, lambda: [0.9, 0.06])  # first group at 45% of its peak, second still at 60%
+    assert policy.backed_off(0, lambda: [0.9, 0.06]) == LEARNING_RATE  # first group at 45% of its peak, second 60%
     assert not policy.backed_off(0, lambda: [0.9, 0.05])  # both at or below half their peak
     assert not PredictionPolicy(HybridConfig(predict_lr_fraction=1.0)).backed_off(0, lambda: [5.0])
 
@@ -96,8 +97,8 @@ def test_repeated_failures_switch_prediction_off_once():
     policy = PredictionPolicy(HybridConfig(max_consecutive_rollbacks=3, predict_lr_fraction=1.0))
     policy.start([1.0])
     assert [policy.prediction_failed() for _ in range(5)] == [False, False, True, False, False]
-    assert policy.backed_off(0, lambda: [1.0])
-    assert PredictionPolicy(HybridConfig(enable_prediction=False)).backed_off(0, lambda: [])
+    assert policy.backed_off(0, lambda: [1.0]) == SWITCHED_OFF
+    assert PredictionPolicy(HybridConfig(enable_prediction=False)).backed_off(0, lambda: []) == SWITCHED_OFF
 
 
 # ------------------------------------------------------------------------------------------------ HybridEngine

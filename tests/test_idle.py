@@ -111,8 +111,12 @@ def test_quiet_steps_skip_faults_on_the_device_as_the_host_path_does(monkeypatch
     """A NaN loss and an exploding gradient on quiet steps are skipped on the device: same weights, counters and
     statistics, bitwise, as when every step is read before its update."""
     faults = {(Phase.FULL, 20): "nan", (Phase.FULL, 45): "explosion"}  # both inside back-off pauses
-    model, trainer = _run(settings, 60, FaultyModel(faults, optimizer="fused_adam"), log_every_n_steps=50)
-    host_model, host_trainer = _host_read_run(monkeypatch, settings, faults, steps=60)
+    with pytest.warns(UserWarning, match="skipped the update") as quiet_said:
+        model, trainer = _run(settings, 60, FaultyModel(faults, optimizer="fused_adam"), log_every_n_steps=50)
+    with pytest.warns(UserWarning, match="skipped the update") as host_said:
+        host_model, host_trainer = _host_read_run(monkeypatch, settings, faults, steps=60)
+    said = [[str(w.message) for w in ws if "skipped the update" in str(w.message)] for ws in (quiet_said, host_said)]
+    assert said[0] == said[1] and len(said[0]) == 1 and "not finite" in said[0][0]  # the step named as read
     quiet = scheduler_of(trainer)
     summary, host = quiet.summary(), scheduler_of(host_trainer).summary()
     assert [kind for *_, kind in model.injected] == ["nan", "explosion"]

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_hybrid.engine.guard import loss_and_norm
+from lightning_hybrid.engine.guard import SKIPPED, loss_and_norm
 from lightning_hybrid.engine.record import StepRecord
 from lightning_hybrid.phase import Phase
 from lightning_hybrid.summary import RunCounters
@@ -44,7 +44,7 @@ class Deferred:
     def from_dict(cls, state: dict[str, Any]) -> Deferred:
         step = StepRecord(
             phase=Phase(state["phase"]),
-            backed_off=bool(state["backed_off"]),
+            backed_off=state["backed_off"] or None,  # a reason; earlier checkpoints hold a bool, read for its truth
             quiet=True,
             reading=state["reading"],
             delta_ready=state["tracked"] is not None,  # its update was folded in when it ran
@@ -79,9 +79,10 @@ def _read(values: Tensor | list | None, flat: Iterator[float]) -> list | None:
     return torch.tensor(taken, dtype=torch.float64).view(values.shape).tolist() if values.dim() > 1 else taken
 
 
-def read_all(pending: list[Deferred], counters: RunCounters) -> None:
+def read_all(pending: list[Deferred], counters: RunCounters) -> list[tuple[int, str]]:
     """Bring every pending step's device values to the host in one transfer, and set each step's loss, gradient
-    norm and whether its update was skipped (counted as the guard counts an ordinary step's)."""
+    norm and whether its update was skipped (counted as the guard counts an ordinary step's). Returns the steps the
+    guard skipped, with why (``SKIPPED``'s words)."""
     on_device = [d for d in pending if isinstance(d.step.reading, tuple)]
     tracked = [d for d in pending if isinstance(d.tracked, Tensor)]
     if on_device or tracked:  # the readings' values, their skips, then what was tracked: no operation per step
@@ -94,6 +95,7 @@ def read_all(pending: list[Deferred], counters: RunCounters) -> None:
             d.step.reading = host_reading(measured, skipped)
         for d in tracked:
             d.tracked = _read(d.tracked, flat)
+    skips = []
     for entry in pending:
         step = entry.step
         if step.reading is None:
@@ -103,3 +105,6 @@ def read_all(pending: list[Deferred], counters: RunCounters) -> None:
         step.skipped, step.reading = bool(nonfinite or outlier), None
         counters.nonfinite_steps_skipped += int(bool(nonfinite))
         counters.outlier_steps_skipped += int(bool(outlier and not nonfinite))
+        if step.skipped:
+            skips.append((entry.global_step, SKIPPED[bool(nonfinite)]))
+    return skips

@@ -21,7 +21,7 @@ from lightning_hybrid.engine.components import Components
 from lightning_hybrid.engine.deferred import Deferred, read_all
 from lightning_hybrid.engine.families import family_of
 from lightning_hybrid.engine.family import PredictionFamily
-from lightning_hybrid.engine.guard import StepGuard
+from lightning_hybrid.engine.guard import SKIPPED, StepGuard
 from lightning_hybrid.engine.interface import Collectives
 from lightning_hybrid.engine.phases import Due, PhaseMachine
 from lightning_hybrid.engine.policy import PredictionPolicy
@@ -66,6 +66,7 @@ class HybridEngine:
         self.stepped_aside: str | None = None  # where and why the engine left a fit to Lightning
         self.logs = True  # the step's scalars are logged: readings that only they show are worth taking
         self.info, self._warn = info, warn
+        self._said_skip = False  # this fit has said that the guard skipped a step
 
     # -- wiring --------------------------------------------------------------------------------------------------
     @property
@@ -104,6 +105,7 @@ class HybridEngine:
         self.policy.start(self.store.lrs(), gated=self.family.gated)
         self.record.start_clock()
         self.step = StepRecord(phase=self.machine.phase)
+        self._said_skip = False
 
     def _build_store(self, optimizer: Optimizer, buffers: Sequence[Tensor]) -> None:
         keep = self.family.keeps_buffer or self.config.capture_buffer == "kept"
@@ -167,7 +169,7 @@ class HybridEngine:
     # -- one step ------------------------------------------------------------------------------------------------
     def begin_step(self) -> None:
         phase, store = self.machine.phase, self.store
-        backed_off = phase.ordinary and self.policy.backed_off(self.global_step, store.lrs)
+        backed_off = self.policy.backed_off(self.global_step, store.lrs) if phase.ordinary else None
         self.step = step = StepRecord(phase=phase, backed_off=backed_off)
         # quiet: nothing to verify, and what there is to learn can wait: guarded on the device, read later
         step.quiet = self.family.begin_step(step) and self.skips_on_device
@@ -211,7 +213,8 @@ class HybridEngine:
         """Read the quiet steps' values to the host at once (one transfer, not one per step) and learn from each
         step in order, exactly as if it had been read when it ran."""
         pending, self.deferred = self.deferred, []
-        read_all(pending, self.record.counters)
+        for step, why in read_all(pending, self.record.counters):
+            self._say_skipped(step, why)
         for entry in pending:
             if entry.step.skipped and entry.tracked is not None:
                 self.family.skip_tracked(entry.tracked)
@@ -266,8 +269,21 @@ class HybridEngine:
 
     def _check_ordinary_step(self) -> None:
         monitor, counters, step, store = self.parts.monitor, self.record.counters, self.step, self.store
+        counted = counters.nonfinite_steps_skipped, counters.outlier_steps_skipped
         self.step_guard.check(step, store.optimizer, store.owners, monitor, self.family.judge, counters)
         step.guarded = True
+        nonfinite, outlier = counters.nonfinite_steps_skipped > counted[0], counters.outlier_steps_skipped > counted[1]
+        if nonfinite or outlier:
+            self._say_skipped(self.global_step + 1, SKIPPED[nonfinite])
+
+    def _say_skipped(self, step: int, why: str) -> None:
+        """The first step of a fit whose update the guard skipped is said as it is read; the rest are counted."""
+        if not self._said_skip:
+            self._warn(
+                f"hybrid: skipped the update of step {step}: {why}; the weights and the optimizer's state are as "
+                "before it. Further skips in this fit are counted in its summary."
+            )
+            self._said_skip = True
 
     # -- reporting and state -------------------------------------------------------------------------------------
     def metrics(self, predicted_loss: float) -> dict[str, float]:

@@ -26,6 +26,9 @@ from lightning_hybrid.summary import RunCounters
 
 FLOAT32_MAX = torch.finfo(torch.float32).max
 
+# why the guard skipped a step's update: its gradient norm exploded (False), or a value was not finite (True)
+SKIPPED = {False: "its gradient norm exploded", True: "its loss or gradient was not finite"}
+
 
 @dataclass
 class Reading:

@@ -8,6 +8,9 @@ from typing import Any
 
 from lightning_hybrid.config import HybridConfig
 
+# why an ordinary step is backed off, as counted in the summary's ``backed_off_by``
+SWITCHED_OFF, PAUSED, LEARNING_RATE = "switched_off", "paused", "learning_rate"
+
 
 class PredictionPolicy:
     """Decides whether ordinary steps observe (capture updates, train the predictor) or are backed off.
@@ -29,14 +32,18 @@ class PredictionPolicy:
         self.prediction_off = False
         self.gated = True  # the learning-rate gate applies (per-step predictors; trajectory rules are not gated)
 
-    def backed_off(self, global_step: int, lrs: Callable[[], list[float]]) -> bool:
-        """Whether an ordinary step starting now skips update capture and predictor training (``lrs``: the
-        groups' learning rates now, asked only where the gate applies)."""
+    def backed_off(self, global_step: int, lrs: Callable[[], list[float]]) -> str | None:
+        """Why an ordinary step starting now skips update capture and predictor training (prediction switched off,
+        a pause after declined cycles, the learning rate above the gate), or ``None`` where it observes (``lrs``:
+        the groups' learning rates now, asked only where the gate applies)."""
         cfg = self.config
-        if not cfg.enable_prediction or self.prediction_off or global_step < self.backoff_until:
-            return True
+        if not cfg.enable_prediction or self.prediction_off:
+            return SWITCHED_OFF
+        if global_step < self.backoff_until:
+            return PAUSED
         limit = cfg.predict_lr_fraction
-        return self.gated and limit < 1.0 and any(lr > limit * peak for lr, peak in zip(lrs(), self.lr_peak))
+        high = self.gated and limit < 1.0 and any(lr > limit * peak for lr, peak in zip(lrs(), self.lr_peak))
+        return LEARNING_RATE if high else None
 
     def start(self, lrs: list[float], gated: bool = True) -> None:
         """Training (re)starts: the learning rates now are the first peak, unless a checkpoint restored one."""

@@ -20,7 +20,7 @@ class StepRecord:
 
     phase: Phase = Phase.WARMUP  # the phase the step started in
     started: float = 0.0  # perf_counter at its start
-    backed_off: bool = False
+    backed_off: str | None = None  # why the step neither captures nor teaches (the policy's reasons), if it does not
     capture: bool = False  # the optimizer's update is captured into the store's buffer
     delta_ready: bool = False  # and it has been: the buffer holds new - old
     skipped: bool = False  # the update did not reach the weights
@@ -68,6 +68,8 @@ class RunRecord:
         self.counters.time_by_phase_s[label] += seconds
         if step.backed_off:
             self.counters.backed_off_steps += 1
+            by = self.counters.backed_off_by
+            by[step.backed_off] = by.get(step.backed_off, 0) + 1
 
     def metrics(self, step: StepRecord) -> dict[str, float]:
         """The ``hybrid/*`` scalars of a finished step that every family logs (the family adds its own): the phase

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from lightning_hybrid.engine.policy import LEARNING_RATE, PAUSED, SWITCHED_OFF
 from lightning_hybrid.engine.record import StepRecord
 from lightning_hybrid.phase import Phase
 from lightning_hybrid.summary import counted
@@ -62,6 +63,8 @@ class SegmentReport:
                 "end_of_fit": c.end_of_fit_rollbacks,
             },
             "backed_off_steps": c.backed_off_steps,
+            "backed_off_by": dict(sorted(c.backed_off_by.items())),
+            "confidence_peak": c.confidence_peak,
             "prediction_disabled": e.policy.prediction_off,
             "final_confidence": e.parts.predictor.confidence(),
             "mean_prediction_error": e.record.mean_error(),
@@ -86,10 +89,41 @@ class SegmentReport:
         line += f" | backward skipped {summary['backward_skipped_pct']:.1f}%"
         if summary["backed_off_steps"]:
             line += f" | {counted(summary['backed_off_steps'], 'step')} backed off"
-        lines = [line]
+        lines = [line, *why_little_prediction(summary)]
         if summary["prediction_disabled"]:
             lines.append(
                 f"hybrid: prediction switched off after {settings['max_consecutive_rollbacks']} failures in a row; "
                 "the rest of the run was plain training"
             )
         return lines
+
+
+# how each reason a step was backed off reads (engine/policy.py's reasons)
+BACKED_OFF_WORDS = {
+    LEARNING_RATE: "waited for the learning rate to fall to predict_lr_fraction={predict_lr_fraction} of its peak",
+    PAUSED: "paused after Full cycles that ended without a segment",
+    SWITCHED_OFF: "had prediction switched off",
+}
+
+
+def why_little_prediction(summary: dict[str, Any]) -> list[str]:
+    """Why a run predicted little or nothing: the steps backed off by reason and, where no segment started, what
+    stood in the way, with the settings that move it."""
+    settings, lines = summary["settings"], []
+    by = summary["backed_off_by"]
+    if by:
+        parts = [f"{n} {BACKED_OFF_WORDS[why].format(**settings)}" for why, n in by.items()]
+        lines.append(f"hybrid: of the steps backed off, {'; '.join(parts)}")
+    if summary["segments_started"] == 0:
+        peak, threshold = summary["confidence_peak"], settings["confidence_threshold"]
+        if peak is None:
+            lines.append(
+                "hybrid: no Predict segment: the predictor never had enough observed updates to predict "
+                "(train longer, or lower warmup_steps, or predict_lr_fraction (1.0: at any learning rate))"
+            )
+        elif peak < threshold:
+            lines.append(
+                f"hybrid: no Predict segment: the predictor's confidence reached {peak:.2f} at most, under "
+                f"confidence_threshold={threshold} (hybrid=aggressive uses 0.3)"
+            )
+    return lines

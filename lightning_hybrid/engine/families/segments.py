@@ -115,7 +115,11 @@ class PredictSegments(SegmentReport, PredictionFamily):
         """Start a Predict segment if the predictor, its confidence and the bandit allow it."""
         e = self.engine
         parts, predictor = e.parts, e.parts.predictor
-        if not predictor.ready or predictor.confidence() < e.config.confidence_threshold:
+        if not predictor.ready:
+            return False
+        confidence, counters = predictor.confidence(), e.record.counters
+        counters.confidence_peak = max(confidence, counters.confidence_peak or confidence)
+        if confidence < e.config.confidence_threshold:
             return False
         features = parts.encoder.features()
         horizon = e.machine.horizon
