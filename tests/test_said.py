@@ -3,9 +3,12 @@ does not read, a fit too short to predict anything, a component it does not use)
 does not use, and the end-of-fit text."""
 
 import logging
+import sys
 import warnings
 
 import pytest
+import torch
+from lightning.pytorch.callbacks import TQDMProgressBar
 
 from lightning_hybrid import DivergenceMonitor, HybridScheduler, ResidualCorrector, hybrid_callbacks
 from tests.helpers import RegressionModel, hybrid_trainer, loader, scheduler_of
@@ -99,3 +102,28 @@ def test_the_text_counts_with_correct_plurals():
     assert made > 1 and f"{made} jumps made" in text and "30 steps (warmup 5, full 25)" in text
     trainer, _ = _fit(hybrid_callbacks(warmup_steps=5, full_steps=6, verify_window=3, verify_resolution=0.0), 18)
     assert "1 jump made" in scheduler_of(trainer).report()
+
+
+class WarmedUp(RegressionModel):
+    """A linear learning-rate warm-up over the first 30 steps, as users write one."""
+
+    def configure_optimizers(self):
+        opt = torch.optim.AdamW(self.parameters(), lr=1e-2)
+        warmup = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / 30))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": warmup, "interval": "step"}}
+
+
+def test_a_message_during_training_is_on_a_line_of_its_own_beside_the_progress_bar(capsys):
+    """The rising-rate message, said while Lightning's TQDM bar is drawn on the same stream: the bar is cleared
+    first (its line ends in a carriage return, not in the message), and drawn again after."""
+    handler = logging.StreamHandler(sys.stdout)  # the stream the bar draws on, as on a terminal
+    logging.getLogger("lightning.pytorch").addHandler(handler)
+    try:
+        trainer, _ = hybrid_trainer(40, hybrid=hybrid_callbacks(warmup_steps=2, full_steps=5), logger=False)
+        trainer.callbacks.append(TQDMProgressBar())
+        trainer.fit(WarmedUp(), loader())
+    finally:
+        logging.getLogger("lightning.pytorch").removeHandler(handler)
+    out = capsys.readouterr().out
+    said = out.index("hybrid: no jump while the learning rate rises")
+    assert "it/s" in out[:said] and out[said - 1] == "\r" and out[said:].split("\n", 1)[1].strip()

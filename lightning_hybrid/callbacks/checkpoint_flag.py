@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from lightning_hybrid.callbacks.messages import info
 
 UNVERIFIED = "unverified"  # in the scheduler's state: the checkpoint was written inside an unverified prediction
 OLD_UNVERIFIED_KEY = "hybrid_unverified_segment"  # where state version 2 kept that flag: at the checkpoint's top level
@@ -27,7 +27,7 @@ def is_unverified_checkpoint(checkpoint: dict[str, Any]) -> bool:
 def say_unverified(unverified: bool, step: int, said: bool) -> bool:
     """The first time a fit saves unverified weights, say so. Returns whether it has been said."""
     if unverified and not said:
-        rank_zero_info(
+        info(
             f"hybrid: the checkpoint saved at step {step} holds weights not yet verified (a jump awaiting its "
             "verdict, or a Predict segment): a resume judges them where the uninterrupted run would, and a rollback "
             "may yet undo them; lightning_hybrid.is_unverified_checkpoint(checkpoint) says which checkpoints do"
@@ -37,7 +37,7 @@ def say_unverified(unverified: bool, step: int, said: bool) -> bool:
 
 def say_resuming(checkpoint: dict[str, Any]) -> None:
     if is_unverified_checkpoint(checkpoint):
-        rank_zero_info(
+        info(
             "hybrid: resuming from a checkpoint whose weights were not yet verified: their verdict comes where it "
             "would have in the uninterrupted run"
         )

@@ -10,13 +10,13 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch.optim import Optimizer
 from typing_extensions import Unpack, override
 
 from lightning_hybrid.callbacks.bandit import HorizonBandit
 from lightning_hybrid.callbacks.base import HybridComponent
 from lightning_hybrid.callbacks.checkpoint_flag import UNVERIFIED, say_resuming, say_unverified
+from lightning_hybrid.callbacks.messages import info, warn
 from lightning_hybrid.callbacks.monitor import DivergenceMonitor
 from lightning_hybrid.callbacks.predictor import DynamicsPredictor
 from lightning_hybrid.callbacks.resumable import unresumable_checkpoint
@@ -76,7 +76,7 @@ class HybridScheduler(HybridComponent):
         self._own_host = DynamicsPredictor(DEFAULT_RULE, predictor_kwargs=rule)
         self.told_ignored: set[str] = set()  # settings hybrid_callbacks already warned the mode ignores
         self.summary_filename, self.summary_dir = summary_filename, summary_dir
-        self.engine = HybridEngine(self.config, info=rank_zero_info, warn=rank_zero_warn)
+        self.engine = HybridEngine(self.config, info=info, warn=warn)  # said beside the progress bar
         self.predictor: DynamicsPredictor | None = None
         self.monitor: DivergenceMonitor | None = None
         self.bandit: HorizonBandit | None = None
@@ -136,7 +136,7 @@ class HybridScheduler(HybridComponent):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not any(optimizer.param_groups for optimizer in trainer.optimizers):  # Lightning's stand-in has none
             # plain Lightning trains without an optimizer, with a warning; so does this run
-            rank_zero_warn(
+            warn(
                 "hybrid: `configure_optimizers` returned no optimizer, so nothing to predict: the plugin "
                 "steps aside and this fit is plain Lightning's."
             )
@@ -180,7 +180,7 @@ class HybridScheduler(HybridComponent):
     def _step_aside(self, reason: str) -> None:
         """The run is not one the plugin can serve (said by the first batch that shows it): undo anything
         unverified and let Lightning train the rest of the fit plainly, saying why."""
-        rank_zero_warn(f"hybrid: {reason}; the plugin steps aside and the rest of this fit is plain Lightning.")
+        warn(f"hybrid: {reason}; the plugin steps aside and the rest of this fit is plain Lightning.")
         self.engine.step_aside(reason)
         for hook in self._hooks:
             hook.remove()
@@ -235,7 +235,7 @@ class HybridScheduler(HybridComponent):
         if not self._said_unresumable:
             message = unresumable_checkpoint(trainer)
             if message is not None:
-                rank_zero_warn(message)
+                warn(message)
                 self._said_unresumable = True
 
     @override
@@ -260,7 +260,7 @@ class HybridScheduler(HybridComponent):
             os.makedirs(directory, exist_ok=True)
             with open(os.path.join(directory, self.summary_filename), "w") as f:
                 json.dump(summary, f, indent=2)
-        rank_zero_info(self.report(summary))
+        info(self.report(summary))
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
