@@ -64,7 +64,7 @@ class SegmentReport:
             },
             "backed_off_steps": c.backed_off_steps,
             "backed_off_by": dict(sorted(c.backed_off_by.items())),
-            "confidence_peak": c.confidence_peak,
+            "confidence_peak": None if c.confidence_peak is None else round(c.confidence_peak, 4),
             "prediction_disabled": e.policy.prediction_off,
             "final_confidence": e.parts.predictor.confidence(),
             "mean_prediction_error": e.record.mean_error(),
