@@ -16,11 +16,11 @@ from tests.helpers import RegressionModel, hybrid_trainer, loader, scheduler_of
 IGNORED = "belongs to the per-step mode"
 
 
-def _fit(callbacks, steps=30, **kwargs):
+def _fit(callbacks, steps=30, model=None, **kwargs):
     trainer, _ = hybrid_trainer(steps, hybrid=callbacks, **kwargs)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer.fit(RegressionModel(), loader())
+        trainer.fit(model or RegressionModel(), loader())
     return trainer, [str(w.message) for w in caught]
 
 
@@ -127,3 +127,24 @@ def test_a_message_during_training_is_on_a_line_of_its_own_beside_the_progress_b
     out = capsys.readouterr().out
     said = out.index("hybrid: no jump while the learning rate rises")
     assert "it/s" in out[:said] and out[said - 1] == "\r" and out[said:].split("\n", 1)[1].strip()
+
+
+def test_the_per_step_mode_says_why_it_made_no_segment(caplog):
+    """A per-step run whose predictor never earns the confidence to predict, behind a learning-rate gate first: the
+    end of fit gives the steps backed off by reason and the confidence's peak against the threshold."""
+    settings = {"predictor": "linear", "bandit": False, "warmup_steps": 5, "full_steps": 6, "backoff_after": 1}
+    callbacks = hybrid_callbacks(**settings, confidence_threshold=1.0, predict_lr_fraction=0.9)
+    with caplog.at_level(logging.INFO):
+        trainer, _ = _fit(callbacks, 60, RegressionModel(scheduler=True), logger=False)  # 0.99 a step: gated 11
+    summary = scheduler_of(trainer).summary()
+    gated, paused = summary["backed_off_by"]["learning_rate"], summary["backed_off_by"]["paused"]
+    assert summary["segments_started"] == 0 and gated > 0 and paused > 0
+    assert gated + paused == summary["backed_off_steps"] and 0 < summary["confidence_peak"] < 1.0
+    assert (
+        f"of the steps backed off, {gated} waited for the learning rate to fall to predict_lr_fraction=0.9 of its "
+        f"peak; {paused} paused after Full cycles that ended without a segment" in caplog.text
+    )
+    assert (
+        f"no Predict segment: the predictor's confidence reached {summary['confidence_peak']:.2f} at most, under "
+        "confidence_threshold=1.0" in caplog.text
+    )

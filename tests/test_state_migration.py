@@ -27,7 +27,13 @@ def test_a_checkpoint_of_an_earlier_layout_resumes_as_the_uninterrupted_run(tmp_
     # The fixture's floats come from the machine that wrote it; the golden runs compare them bitwise where the
     # kernels match. Here: every counter and decision exactly, the weights within float rounding across machines.
     want, got = uninterrupted["behaviour"], resumed["behaviour"]
-    assert not differences(want["summary"], got["summary"], exact_floats=False)
+    # counted since these layouts: an earlier checkpoint holds none of it, so the resumed run counts only its own part
+    newer = ("backed_off_by", "confidence_peak")
+    assert not differences(
+        *({k: v for k, v in s.items() if k not in newer} for s in (want["summary"], got["summary"])), False
+    )
+    if "confidence_peak" in want["summary"]:
+        assert got["summary"]["confidence_peak"] <= want["summary"]["confidence_peak"]
     assert got["params_norm"] == pytest.approx(want["params_norm"], rel=REL_TOL)
     assert got["losses"] == pytest.approx(want["losses"][-len(got["losses"]) :], rel=REL_TOL)
 

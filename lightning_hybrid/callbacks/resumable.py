@@ -13,6 +13,8 @@ from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
 from lightning.fabric.utilities.types import _Stateful
 from lightning.pytorch.utilities.combined_loader import CombinedLoader
 
+from lightning_hybrid.callbacks.messages import warn
+
 EXACT_LOADERS = (
     "torchdata's StatefulDataLoader (on several ranks with its StatefulDistributedSampler as the sampler and "
     "Trainer(use_distributed_sampler=False)), or checkpoints at epoch ends"
@@ -55,3 +57,11 @@ def unresumable_checkpoint(trainer: pl.Trainer) -> str | None:
         "resumed from it trains on other batches than the uninterrupted run would (the plugin's own state resumes "
         f"exactly). For an exact resume use {EXACT_LOADERS}."
     )
+
+
+def say_unresumable(trainer: pl.Trainer, said: bool) -> bool:
+    """The first time a fit saves a checkpoint its loader cannot resume exactly, say so. Returns whether it has."""
+    message = None if said else unresumable_checkpoint(trainer)
+    if message is not None:
+        warn(message)
+    return said or message is not None

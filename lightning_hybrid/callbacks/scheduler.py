@@ -19,7 +19,7 @@ from lightning_hybrid.callbacks.checkpoint_flag import UNVERIFIED, say_resuming,
 from lightning_hybrid.callbacks.messages import info, warn
 from lightning_hybrid.callbacks.monitor import DivergenceMonitor
 from lightning_hybrid.callbacks.predictor import DynamicsPredictor
-from lightning_hybrid.callbacks.resumable import unresumable_checkpoint
+from lightning_hybrid.callbacks.resumable import say_unresumable
 from lightning_hybrid.callbacks.routing import DEFAULT_RULE, SchedulerSettings, split_scheduler_settings
 from lightning_hybrid.callbacks.scalars import log_step, log_unverified, logging_step
 from lightning_hybrid.callbacks.wiring import (
@@ -84,8 +84,8 @@ class HybridScheduler(HybridComponent):
         self._hooks: list[Any] = []
         self._in_step = False
         self._per_batch, self._seen = 1, 0  # optimizers stepping each batch; the global step last seen
-        self._said_unverified = False  # this fit has said that a checkpoint holds unverified weights
-        self._said_unresumable = False  # ... that a checkpoint will not resume with the uninterrupted run's batches
+        # this fit has said that a checkpoint holds unverified weights; that one will not resume exactly
+        self._said_unverified = self._said_unresumable = False
 
     @property
     def phase(self) -> Phase:
@@ -136,10 +136,7 @@ class HybridScheduler(HybridComponent):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not any(optimizer.param_groups for optimizer in trainer.optimizers):  # Lightning's stand-in has none
             # plain Lightning trains without an optimizer, with a warning; so does this run
-            warn(
-                "hybrid: `configure_optimizers` returned no optimizer, so nothing to predict: the plugin "
-                "steps aside and this fit is plain Lightning's."
-            )
+            warn("hybrid: `configure_optimizers` returned no optimizer: the plugin steps aside (plain Lightning).")
             return
         optimizers, family = list(trainer.optimizers), type(self.engine.family)
         if len(optimizers) > 1 and family.predicts_steps:
@@ -228,15 +225,10 @@ class HybridScheduler(HybridComponent):
 
     @override
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
-        """Say so the first time a fit saves a checkpoint that holds unverified weights (its state says so too), and
-        the first time it saves one inside an epoch that its training loader cannot resume exactly."""
+        """Say, once a fit, that a checkpoint holds unverified weights, or cannot resume inside its epoch exactly."""
         said, step = self._said_unverified, trainer.global_step
         self._said_unverified = say_unverified(self.engine.unverified, step, said)
-        if not self._said_unresumable:
-            message = unresumable_checkpoint(trainer)
-            if message is not None:
-                warn(message)
-                self._said_unresumable = True
+        self._said_unresumable = say_unresumable(trainer, self._said_unresumable)
 
     @override
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:

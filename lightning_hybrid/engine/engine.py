@@ -21,7 +21,7 @@ from lightning_hybrid.engine.components import Components
 from lightning_hybrid.engine.deferred import Deferred, read_all
 from lightning_hybrid.engine.families import family_of
 from lightning_hybrid.engine.family import PredictionFamily
-from lightning_hybrid.engine.guard import SKIPPED, StepGuard
+from lightning_hybrid.engine.guard import StepGuard, skip_message
 from lightning_hybrid.engine.interface import Collectives
 from lightning_hybrid.engine.phases import Due, PhaseMachine
 from lightning_hybrid.engine.policy import PredictionPolicy
@@ -235,7 +235,7 @@ class HybridEngine:
         return self.family.predicted_training_step(run) if self.predicting else run()
 
     def backward(self, loss: Tensor, run: Callable[[], Any]) -> Any:
-        self.record_loss(loss)
+        self.record.add_loss(self.step, loss, self.predicting, self.automatic)
         return loss if self.predicting else run()  # no backward pass on predicted steps
 
     def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any], run: Callable[..., Any]) -> Any:
@@ -243,17 +243,6 @@ class HybridEngine:
             return self.family.predict_step(closure)
         # several optimizers on one loss: the first one's step guards them all, and the others follow its verdict
         return run(closure) if self.step.guarded else run(self.guard(closure))
-
-    def record_loss(self, loss: Tensor) -> None:
-        """Loss passed to ``backward`` (summed over accumulated micro-batches)."""
-        loss, step = loss.detach().float(), self.step
-        if self.predicting:
-            if not self.automatic:  # automatic Predict steps record their loss in the family's training step
-                step.forward_loss = loss if step.forward_loss is None else step.forward_loss + loss
-        else:
-            step.loss_sum = loss if step.loss_sum is None else step.loss_sum + loss
-            step.backwards += 1
-            self.record.counters.backward_passes += 1
 
     def guard(self, closure: Callable[[], Any]) -> Callable[[], Any]:
         """Wrap an ordinary step's closure so a non-finite loss or gradient never reaches the weights (of any of the
@@ -269,20 +258,14 @@ class HybridEngine:
 
     def _check_ordinary_step(self) -> None:
         monitor, counters, step, store = self.parts.monitor, self.record.counters, self.step, self.store
-        counted = counters.nonfinite_steps_skipped, counters.outlier_steps_skipped
-        self.step_guard.check(step, store.optimizer, store.owners, monitor, self.family.judge, counters)
+        why = self.step_guard.check(step, store.optimizer, store.owners, monitor, self.family.judge, counters)
         step.guarded = True
-        nonfinite, outlier = counters.nonfinite_steps_skipped > counted[0], counters.outlier_steps_skipped > counted[1]
-        if nonfinite or outlier:
-            self._say_skipped(self.global_step + 1, SKIPPED[nonfinite])
+        self._say_skipped(self.global_step + 1, why)
 
-    def _say_skipped(self, step: int, why: str) -> None:
+    def _say_skipped(self, step: int, why: str | None) -> None:
         """The first step of a fit whose update the guard skipped is said as it is read; the rest are counted."""
-        if not self._said_skip:
-            self._warn(
-                f"hybrid: skipped the update of step {step}: {why}; the weights and the optimizer's state are as "
-                "before it. Further skips in this fit are counted in its summary."
-            )
+        if why is not None and not self._said_skip:
+            self._warn(skip_message(step, why))
             self._said_skip = True
 
     # -- reporting and state -------------------------------------------------------------------------------------

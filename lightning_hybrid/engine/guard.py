@@ -30,6 +30,13 @@ FLOAT32_MAX = torch.finfo(torch.float32).max
 SKIPPED = {False: "its gradient norm exploded", True: "its loss or gradient was not finite"}
 
 
+def skip_message(step: int, why: str) -> str:
+    return (
+        f"hybrid: skipped the update of step {step}: {why}; the weights and the optimizer's state are as before it. "
+        "Further skips in this fit are counted in its summary."
+    )
+
+
 @dataclass
 class Reading:
     """One ordinary step's loss and gradient norm, as every rank sees them."""
@@ -73,27 +80,32 @@ class StepGuard:
         monitor: Monitor,
         judge: Callable[[float], bool],
         counters: RunCounters,
-    ) -> None:
+    ) -> str | None:
         """Guard an ordinary step after its backward pass, before its update. A quiet step is guarded on the device
         (:meth:`check_on_device`); any other is read, ``judge`` gives the verdict on what is still unverified (the
         family's; ``True``: the step's gradient was taken at rejected weights), and a step judged so, or with a
-        non-finite loss or gradient, or an exploding gradient norm (these two counted), is skipped."""
+        non-finite loss or gradient, or an exploding gradient norm (these two counted), is skipped. Returns why a
+        counted skip was made (``SKIPPED``'s words), or ``None``."""
         if step.quiet:
             step.reading = self.check_on_device(optimizer, owners, step.loss_sum, monitor.outlier_limit())
-            return
+            return None
         reading = self.read(owners, step.loss_sum)
         if reading is None:
             step.skipped = True  # the user's training_step skipped this batch
-            return
+            return None
         step.loss, step.grad_norm = reading.loss, reading.grad_norm
+        why = None
         if judge(reading.loss if reading.finite else math.nan):
             step.skipped = True
         elif not reading.finite:
-            step.skipped, counters.nonfinite_steps_skipped = True, counters.nonfinite_steps_skipped + 1
+            step.skipped, why = True, SKIPPED[True]
+            counters.nonfinite_steps_skipped += 1
         elif monitor.gradient_outlier(reading.grad_norm):
-            step.skipped, counters.outlier_steps_skipped = True, counters.outlier_steps_skipped + 1
+            step.skipped, why = True, SKIPPED[False]
+            counters.outlier_steps_skipped += 1
         if step.skipped:
             self.skip(optimizer, reading.grads)
+        return why
 
     def _grads(self, owners: list[Tensor]) -> list[Tensor]:
         if self.sharded:

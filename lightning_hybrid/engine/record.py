@@ -62,6 +62,19 @@ class RunRecord:
         self.errors["sum"] += error
         self.errors["count"] += 1
 
+    def add_loss(self, step: StepRecord, loss: Tensor, predicting: bool, automatic: bool) -> None:
+        """A loss passed to ``backward`` (summed over accumulated micro-batches): a backward pass on an ordinary
+        step; a predicted step's forward check under manual optimization (automatic Predict steps record theirs in
+        the family's training step)."""
+        loss = loss.detach().float()
+        if predicting:
+            if not automatic:
+                step.forward_loss = loss if step.forward_loss is None else step.forward_loss + loss
+        else:
+            step.loss_sum = loss if step.loss_sum is None else step.loss_sum + loss
+            step.backwards += 1
+            self.counters.backward_passes += 1
+
     def count_step(self, step: StepRecord, seconds: float) -> None:
         label = step.phase.label
         self.counters.steps_by_phase[label] += 1
