@@ -437,3 +437,20 @@ def test_the_compare_table_leads_with_steps_and_cpu_time_where_the_load_changed(
         "hybrid first at plain's final loss: step 540",
         "hybrid first at plain's final loss: 58.6 s",
     ]
+
+
+@pytest.mark.slow
+def test_the_readmes_per_step_command_makes_predict_segments_and_says_why_it_backed_off(tmp_path, caplog):
+    """The README's per-step command, as written, on a small char GPT in half the steps (the learning rate's cosine
+    over them): Predict segments skip backward passes, and the end of fit gives the steps it backed off by reason."""
+    line = next(line for line in (ROOT / "README.md").read_text().splitlines() if "# the per-step mode" in line)
+    command = line.split("#")[0].split()
+    assert command[0] == "lightning-hybrid-train"
+    quiet = ["trainer.enable_model_summary=false", "trainer.enable_progress_bar=false", "callbacks=none"]
+    cheap = ["trainer.max_steps=300", "trainer.limit_val_batches=2", "trainer.accelerator=cpu", *quiet]
+    with caplog.at_level(logging.INFO):
+        run(app_config(tmp_path, *command[1:], *cheap, base=APP_SMALL_GPT))
+    summary = json.loads((tmp_path / "tensorboard" / "hybrid" / "hybrid_summary.json").read_text())
+    assert summary["segments_started"] >= 1 and summary["backward_skipped"] >= 1
+    gated = summary["backed_off_by"]["learning_rate"]
+    assert f"of the steps backed off, {gated} waited for the learning rate" in caplog.text
