@@ -252,7 +252,8 @@ def test_a_users_own_module_and_data_via_target(tmp_path):
 def test_compare_trains_both_halves_on_the_same_batches_of_a_shuffled_loader(tmp_path):
     """A user's module and a plain ``DataLoader(shuffle=True)`` (its order from the global random state), the
     plugin's warm-up longer than the run: both halves train exactly as plain, so every validation agrees bitwise
-    (before, the hybrid half drew its order from the state the plain half had left)."""
+    (before, the hybrid half drew its order from the state the plain half had left). Validated every
+    `val_check_interval` steps across epochs of 8 batches (before, within each: at 5, 13 and 21)."""
     cfg = app_config(
         tmp_path,
         "mode=compare",
@@ -262,15 +263,15 @@ def test_compare_trains_both_halves_on_the_same_batches_of_a_shuffled_loader(tmp
         "data._target_=tests.app_models.UserData",
         "+data.shuffle=true",
         "trainer.max_steps=24",
-        "trainer.val_check_interval=4",
+        "trainer.val_check_interval=5",
         "hybrid.warmup_steps=100",
         base=[o for o in APP_TRAINER if not o.startswith(("predictor", "hybrid"))],
     )
     run(cfg)
     result = json.loads((tmp_path / "compare.json").read_text())
     plain, hybrid = result["plain"]["validations"], result["hybrid"]["validations"]
-    assert len(plain) == 6 and [v for *_, v in plain] == [v for *_, v in hybrid]
-    assert len({v for *_, v in plain}) == 6  # it trained: each validation differs from the last
+    assert [v[0] for v in plain] == [5, 10, 15, 20, 24] and [v for *_, v in plain] == [v for *_, v in hybrid]
+    assert len({v for *_, v in plain}) == 5  # it trained: each validation differs from the last
 
 
 def test_the_progress_bar_switched_off_drops_the_apps_bar_instead_of_failing(tmp_path):
