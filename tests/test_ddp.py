@@ -151,18 +151,28 @@ def _apart(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
 
-@pytest.mark.parametrize("module", ["gpt2", "lstm"])
-def test_a_sharded_resume_of_a_module_as_users_write_it_is_exact(distributed_runs, module):
+@pytest.mark.parametrize(
+    ("saved", "checkpoints"),
+    [
+        ("gpt2-fsdp-per-layer", [16, 32, 48]),
+        ("lstm-fsdp-per-layer", [16, 32, 48]),
+        ("gpt2-fsdp-midepoch", [20, 40, 60]),
+        ("gpt2-plain-fsdp-midepoch", [20, 40, 60]),
+    ],
+)
+def test_a_sharded_resume_of_a_module_as_users_write_it_is_exact(distributed_runs, saved, checkpoints):
+    """Resumed from the second checkpoint, at an epoch's end (16 steps an epoch), or inside one with torchdata's
+    ``StatefulDataLoader`` and its ``StatefulDistributedSampler`` (``use_distributed_sampler=False``): plain and
+    hybrid FSDP end bitwise as the uninterrupted run on every rank, with the same jumps, and the plugin says nothing
+    of the loader."""
     root, runs = distributed_runs
-    full, resumed = runs[f"save-{module}-fsdp-per-layer"], runs[f"resumed-{module}-fsdp-per-layer"]
-    assert [p.stem for p in saved_checkpoints(root / f"save-{module}-fsdp-per-layer")] == [
-        "step=16",
-        "step=32",
-        "step=48",
-    ]
+    full, resumed = runs[f"save-{saved}"], runs[f"resumed-{saved}"]
+    assert [int(p.stem.split("=")[1]) for p in saved_checkpoints(root / f"save-{saved}")] == checkpoints
     for before, after in zip(full, resumed):
-        assert torch.equal(after["params"], before["params"])
-        assert [after["summary"][k] for k in JUMP_COUNTS] == [before["summary"][k] for k in JUMP_COUNTS]
+        assert after["steps"] == 60 and torch.equal(after["params"], before["params"])
+        jumps = [[run.get("summary", {}).get(k) for k in JUMP_COUNTS] for run in (before, after)]  # none if plain
+        assert jumps[0] == jumps[1]
+        assert not [w for w in before["warnings"] if "falls inside an epoch" in w]
 
 
 def _held_out_loss_and_logits(params: torch.Tensor) -> tuple[float, float]:
@@ -194,24 +204,6 @@ def test_validate_test_predict_and_fit_again_after_an_fsdp_fit(distributed_runs,
     if not strategy.endswith("per-layer"):  # the same run as sharded per layer, up to rounding
         per_layer = distributed_runs[1][f"gpt2-{strategy}-per-layer"]
         assert _apart(ranks[0]["after"]["params"], per_layer[0]["after"]["params"]) < 1e-4
-
-
-@pytest.mark.parametrize("strategy", ["fsdp", "plain-fsdp"])
-def test_a_sharded_resume_inside_an_epoch_is_bitwise_with_torchdatas_distributed_sampler(distributed_runs, strategy):
-    """torchdata's ``StatefulDataLoader`` with its ``StatefulDistributedSampler`` (and
-    ``use_distributed_sampler=False``) resumes inside an epoch (step 40 of 16 a epoch) with the batches the
-    uninterrupted run drew: plain and hybrid FSDP end bitwise as it did on every rank, and the plugin says nothing
-    of the loader."""
-    root, runs = distributed_runs
-    full, resumed = runs[f"save-gpt2-{strategy}-midepoch"], runs[f"resumed-gpt2-{strategy}-midepoch"]
-    assert [p.stem for p in saved_checkpoints(root / f"save-gpt2-{strategy}-midepoch")] == [
-        "step=20",
-        "step=40",
-        "step=60",
-    ]
-    for before, after in zip(full, resumed):
-        assert after["steps"] == 60 and torch.equal(after["params"], before["params"])
-        assert not [w for w in before["warnings"] if "falls inside an epoch" in w]
 
 
 def test_a_stateful_loader_whose_sampler_lightning_shards_is_said_not_to_resume_exactly(distributed_runs):
