@@ -1,17 +1,23 @@
-"""The app's command-line overrides of hybrid settings, checked before Hydra composes them: a key in the wrong group
+"""The app's command-line overrides, checked before Hydra composes them: a key in the wrong group
 (``hybrid.outer_lr``, a setting of the ``predictor`` group) is refused naming where it belongs, and a misspelt one
 (``hybrid.ful_steps``) names the closest keys, where Hydra would say only that the key is not in the schema (and
-suggest appending it with ``+``, which then fails further on)."""
+suggest appending it with ``+``, which then fails further on); a config group's misspelt option (``predictor=mpl``)
+names the group's options and the closest, where Hydra lists its structured schemas among them."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from importlib.resources import files
+from itertools import pairwise
+from pathlib import Path
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 
 from lightning_hybrid.schema import PREDICTOR_SETTINGS, HybridSettings, setting_names
 from lightning_hybrid.settings import did_you_mean
+
+CONFIG_MODULE = "lightning_hybrid.configs"  # where the app's config groups ship
 
 GROUPS = ("hybrid", "predictor")
 
@@ -20,17 +26,43 @@ def _predictors_of(name: str) -> list[str]:
     return [p for p, schema in PREDICTOR_SETTINGS.items() if name in setting_names(schema)]
 
 
-def misplaced(overrides: Sequence[str]) -> str | None:
+def _overrides_and_config_dirs(args: Sequence[str]) -> tuple[list[str], list[Path]]:
+    """The command line's overrides (``key=value``, ``~key``) and the folders of its ``--config-dir``/``-cd``."""
+    overrides = [a for a in args if not a.startswith("-") and ("=" in a or a.startswith("~"))]
+    dirs = [b for a, b in pairwise(args) if a in ("--config-dir", "-cd")]
+    dirs += [a.split("=", 1)[1] for a in args if a.startswith("--config-dir=")]
+    return overrides, [Path(d) for d in dirs]
+
+
+def group_options(group: str, config_dirs: Sequence[Path] = ()) -> list[str] | None:
+    """The configs a group of the app offers, shipped or in ``config_dirs``; ``None`` for a key that is no group."""
+    shipped = files(CONFIG_MODULE) / group
+    if not shipped.is_dir():
+        return None
+    found = [p.name for p in shipped.iterdir()] + [
+        p.name for d in config_dirs if (d / group).is_dir() for p in (d / group).iterdir()
+    ]
+    return sorted({name.removesuffix(".yaml") for name in found if name.endswith(".yaml")})
+
+
+def misplaced(args: Sequence[str]) -> str | None:
     """The message for the first override that sets a key the ``hybrid`` or ``predictor`` group does not have, or
-    ``None``. Overrides that do not parse are left to Hydra, which names them."""
+    names an option no config group has, or ``None``. Overrides that do not parse are left to Hydra, which names
+    them."""
+    overrides, dirs = _overrides_and_config_dirs(args)
     try:
-        parsed = OverridesParser.create().parse_overrides([o for o in overrides if not o.startswith("-")])
+        parsed = OverridesParser.create().parse_overrides(overrides)
     except HydraException:
         return None
     hybrid = setting_names(HybridSettings)
     predictor = sorted({n for schema in PREDICTOR_SETTINGS.values() for n in setting_names(schema)})
     chosen = next((o.value() for o in parsed if o.key_or_group == "predictor" and isinstance(o.value(), str)), None)
     for override in parsed:
+        value, name = override.value(), override.key_or_group.lstrip("+")
+        options = None if "." in name or "/" in name or not isinstance(value, str) else group_options(name, dirs)
+        if options is not None and value not in options:
+            listed = ", ".join(options)
+            return f"`{name}={value}` is no config of the {name} group: one of {listed}{did_you_mean(value, options)}"
         group, _, key = override.key_or_group.partition(".")
         if group not in GROUPS or not key or "." in key or override.is_delete():
             continue

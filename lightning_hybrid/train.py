@@ -24,11 +24,10 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from lightning_hybrid.overrides import misplaced
+from lightning_hybrid.overrides import CONFIG_MODULE, misplaced
 from lightning_hybrid.runner import SettingError, run
 from lightning_hybrid.schema import register_configs
 
-CONFIG_MODULE = "lightning_hybrid.configs"
 HYDRAS_FILES = (".hydra", "train.log")  # what Hydra writes into a run's folder before the run starts
 
 register_configs()

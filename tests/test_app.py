@@ -311,6 +311,7 @@ def test_console_script_trains_and_rejects_a_bad_key(tmp_path):
             "`predictor.warmup_steps` is a setting of the hybrid group: use hybrid.warmup_steps",
         ),
         ("hybrid.decay=0.5", "use predictor.decay=... with predictor=linear"),
+        ("predictor=mpl", "`predictor=mpl` is no config of the predictor group: one of linear, mlp, outer, rssm; did"),
     ],
 )
 def test_a_misplaced_or_misspelt_setting_is_refused_before_hydra_composes(tmp_path, override, said):
@@ -455,3 +456,19 @@ def test_the_readmes_per_step_command_makes_predict_segments_and_says_why_it_bac
     assert summary["segments_started"] >= 1 and summary["backward_skipped"] >= 1
     gated = summary["backed_off_by"]["learning_rate"]
     assert f"of the steps backed off, {gated} waited for the learning rate" in caplog.text
+
+
+def test_a_misspelt_group_option_names_the_groups_options_and_yours_in_a_config_dir(tmp_path):
+    """A closed choice of the app's groups, checked before Hydra (which would list its structured schemas among
+    them): the closest named; an option of the user's own ``--config-dir`` is one."""
+    from lightning_hybrid.overrides import misplaced
+
+    said = misplaced(["hybrid=agressive"])
+    assert said.endswith("the hybrid group: one of aggressive, conservative, default; did you mean `aggressive`?")
+    assert misplaced(["experiment=digits", "trainer.max_steps=5"]).endswith("did you mean `digits_cnn`?")
+    assert misplaced(["predictor=mine"]) is not None
+    (tmp_path / "predictor").mkdir()
+    (tmp_path / "predictor" / "mine.yaml").write_text("_target_: my_pkg.Mine\n")
+    assert misplaced(["--config-dir", str(tmp_path), "predictor=mine"]) is None
+    assert misplaced([f"--config-dir={tmp_path}", "predictor=mine", "~logger", "+experiment=char_gpt"]) is None
+
