@@ -145,7 +145,10 @@ def comparison_table(plain: RunResult, hybrid: RunResult) -> str:
             f"val loss at equal steps, hybrid / plain: {hybrid.val_loss / plain.val_loss:.4f} (<1: hybrid lower)"
         )
     lines.append(validated_steps(plain, hybrid))
-    lines.append("(one seed: the benchmark harness measures over seeds, docs/performance.md)")
+    lines.append(
+        "(one seed, one run each: times are noisy, two identical runs differed by up to 19% on an idle 2-core\n"
+        " machine, benchmarks/results/footprint; the harness measures over seeds with a plain control)"
+    )
     return "\n".join(lines)
 
 
