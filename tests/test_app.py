@@ -325,7 +325,10 @@ def test_a_misplaced_or_misspelt_setting_is_refused_before_hydra_composes(tmp_pa
     ("override", "said"),
     [
         ("predictor.outer_lr=5", "OuterMomentum: `outer_lr` must be a finite number in (0.0, 2.0], got 5.0"),
-        ("mode=comapre", "app: `mode` must be one of 'compare', 'plain', 'train', got 'comapre'; did you mean `compare`?"),  # noqa: E501
+        (
+            "mode=comapre",
+            "app: `mode` must be one of 'compare', 'plain', 'train', got 'comapre'; did you mean `compare`?",
+        ),
     ],
 )
 def test_a_value_refused_before_training_is_one_line_and_leaves_no_run_folder(tmp_path, override, said):
@@ -471,4 +474,3 @@ def test_a_misspelt_group_option_names_the_groups_options_and_yours_in_a_config_
     (tmp_path / "predictor" / "mine.yaml").write_text("_target_: my_pkg.Mine\n")
     assert misplaced(["--config-dir", str(tmp_path), "predictor=mine"]) is None
     assert misplaced([f"--config-dir={tmp_path}", "predictor=mine", "~logger", "+experiment=char_gpt"]) is None
-
