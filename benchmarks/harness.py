@@ -91,6 +91,7 @@ class Record:
     segments_started: int = 0
     peak_cuda_allocated_bytes: int | None = None
     jumps_blind: int = 0  # cycle ends whose losses were too noisy for the verdict to judge a jump
+    jumps_kept: int = 0
     data: dict[str, Any] | None = None  # DataRecord's: passes over the training data, its size and hash
 
     def to_dict(self) -> dict[str, Any]:
@@ -102,6 +103,7 @@ class Record:
             "segments_started",
             "peak_cuda_allocated_bytes",
             "jumps_blind",
+            "jumps_kept",
             "data",
         )
         return {k: getattr(self, k) for k in keys} | self.curve.to_dict()
@@ -157,7 +159,7 @@ def fit(cfg: Any, hybrid: bool, stop: Any = None, callbacks: Sequence[Any] = ())
         counters = scheduler.counters
         record.backward_skipped_pct = round(counters.backward_skipped_pct, 3)
         record.rollbacks, record.segments_started = counters.rollbacks, counters.predictions_made  # or jumps
-        record.jumps_blind = counters.jumps_blind
+        record.jumps_blind, record.jumps_kept = counters.jumps_blind, counters.jumps_kept
     return record
 
 

@@ -87,6 +87,12 @@ TASKS = {
     },
     # The char GPT with Muon for its hidden matrices and AdamW for the rest, on one loss (two optimizers)
     "char_gpt_muon": Task("muon_gpt", _standard(4, 20), optimizers=2, passes=11),
+    # The scale grid's (benchmarks/scale.py): the char GPT at 0.44M to 3.3M parameters on the standard library with
+    # its tests, 27 MB to train on, of which its longest run (0.44M at 25 tokens a parameter, the default's 1.5x
+    # budget) reads 0.65; each cell sets its own size and length
+    "char_gpt_scale": Task(
+        "char_gpt", {"quick": Length(20, 10, 2)}, ("data.max_bytes=30000000", "data.include_tests=true"), passes=1
+    ),
     # GPT-2 small's shape (12 layers, 768 wide, 12 heads, sequence 256) over bytes: 85M parameters, GPT-2's
     # 124M less its 50,257-token embedding, on 16 MB of the standard library with its tests (14.4 MB to train on:
     # its longest run, 1,500 batches of 8,192 bytes, reads 12.3 MB), so no run reads a byte twice. For a GPU: add

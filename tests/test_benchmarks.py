@@ -52,6 +52,10 @@ def _every_run(task: str) -> dict[str, int]:
     runs |= {
         f"lrs {k}": hybrid_steps(length_of(task, "default", v.steps)) for k, v in LR_TASKS.items() if v.task == task
     }
+    if task == "char_gpt_scale":
+        from benchmarks.scale import GRIDS, Cell
+
+        runs |= {f"scale {size} {t}": hybrid_steps(Cell(size, t).length) for grid in GRIDS.values() for size, t in grid}
     return runs | ({"gpu": gpu.QUALITY_STEPS} if task == "char_gpt_gpt2" else {})
 
 
@@ -64,7 +68,7 @@ def test_no_benchmark_reads_its_data_more_often_than_its_task_declares(task):
     passes = {name: data_passes(task, steps) for name, steps in _every_run(task).items()}
     assert max(passes.values()) <= TASKS[task].passes, passes
     assert TASKS[task].passes < 2 * max(passes.values()), "the declaration is far above what the task reads"
-    if task == "char_gpt_gpt2":
+    if task in ("char_gpt_gpt2", "char_gpt_scale"):
         assert TASKS[task].passes == 1
 
 

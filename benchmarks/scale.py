@@ -1,0 +1,331 @@
+"""What to expect at your scale: the default against plain Lightning as runs grow longer and models larger, paired.
+
+    python -m benchmarks.scale run length     # the 0.44M char GPT at 1.5, 6 and 25 tokens per parameter
+    python -m benchmarks.scale run size       # 0.44M, 1.2M and 3.3M parameters at 1.5 tokens per parameter
+    python -m benchmarks.scale report         # results/scale/README.md and its two plots
+
+A cell is a model size trained for a number of tokens per parameter (2,048 byte tokens a step) on the standard
+library with its tests, which no run reads twice. Its learning rate is plain's best final validation loss in a sweep
+at the cell's own length (seed 0, cosine over the run, rates a factor of 2 apart, widened until the best lies inside).
+Each seed is then one block, run in one process, one torch thread: plain, the default, and plain nudged to 1.001x the
+rate (the noise floor: what chaos alone does to plain). The default and the control may train 1.5x plain's steps to
+reach its final loss. A block's file is rewritten as each of its runs ends; a block another process left unfinished
+is run again whole, so that every figure compares runs of one process on one host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import platform
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import open_dict
+
+from benchmarks.curves import overfits, time_to_target
+from benchmarks.harness import RESULTS, Record, baseline_target, fit, machine, record_from, warm_up, write_atomic
+from benchmarks.report import median_over_seeds, seeds_cell
+from benchmarks.tasks import Length, compose_run, hybrid_steps, trainer_steps
+
+TASK = "char_gpt_scale"
+OUT = RESULTS / "scale"
+TOKENS_PER_STEP = 32 * 64  # the char GPT's batch: 32 windows of 64 bytes
+SIZES = {"0.44M": (2, 128, 4), "1.2M": (3, 176, 4), "3.3M": (4, 256, 8)}  # layers, width, heads
+CENTRE = {"0.44M": 6e-3, "1.2M": 4e-3, "3.3M": 3e-3}  # each size's first sweep rate, near earlier tuned rates
+SHARED_LENGTH = 1.5  # tokens per parameter of the size grid: a 3.3M cell takes about 3.5 hours on one core there
+GRIDS = {
+    "length": [("0.44M", 1.5), ("0.44M", 6.0), ("0.44M", 25.0)],
+    "size": [(size, SHARED_LENGTH) for size in SIZES],
+}
+SEEDS = 3
+CONFIGS = {"default": ([], 1.0), "nudged": ([], 1.001)}  # configuration -> (overrides, the rate's factor)
+BLOCK = ("default", "nudged")  # what each seed's block runs after plain
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+PROCESS = {"host": platform.node(), "pid": os.getpid(), "started": _now()}  # what pairs a block's runs
+
+
+@dataclass(frozen=True)
+class Cell:
+    size: str
+    tokens_per_param: float
+
+    @property
+    def name(self) -> str:
+        return f"{self.size}_{self.tokens_per_param:g}tpp"
+
+    @property
+    def overrides(self) -> list[str]:
+        layers, width, heads = SIZES[self.size]
+        return [f"model.n_layer={layers}", f"model.n_embd={width}", f"model.n_head={heads}"]
+
+    @property
+    def params(self) -> int:
+        return parameters(*SIZES[self.size])
+
+    @property
+    def length(self) -> Length:
+        every = max(1, round(self.tokens_per_param * self.params / TOKENS_PER_STEP / 20))
+        return Length(20 * every, every, 10, self.name)  # validated 20 times, the last at its last step
+
+
+@functools.cache
+def parameters(layers: int, width: int, heads: int) -> int:
+    from lightning_hybrid.demos.char_gpt import CharGPT
+
+    return sum(p.numel() for p in CharGPT(n_layer=layers, n_embd=width, n_head=heads).parameters())
+
+
+def _stamp() -> dict[str, Any]:
+    return {"machine": machine(), "process": PROCESS, "finished": _now()}
+
+
+def _fit(cell: Cell, lr: float, seed: int, config: str, workdir: str, baseline: Record | None) -> dict[str, Any]:
+    """One run of the cell at ``lr`` (``config``: plain, or a configuration against ``baseline``), as its file holds
+    it."""
+    overrides, factor = CONFIGS.get(config, ([], 1.0))
+    spec = cell.length
+    cfg = compose_run(TASK, spec, seed, [*cell.overrides, f"model.lr={lr * factor}", *overrides], workdir)
+    stop = None
+    if baseline is not None:
+        with open_dict(cfg):
+            cfg.trainer.max_steps = trainer_steps(TASK, hybrid_steps(spec))
+        stop = baseline_target(baseline, spec)
+    record = fit(cfg, hybrid=config == "default", stop=stop)
+    print(f"{cell.name} lr {lr:.3g} seed {seed} {config}: final val loss {record.curve.losses[-1]:.4f}", flush=True)
+    return {"config": config, "trained_lr": lr * factor, **_stamp(), **record.to_dict()}
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps(data, indent=1))
+
+
+def sweep(cell: Cell, workdir: str) -> float:
+    """The cell's tuned rate: plain (seed 0) at rates a factor of 2 apart from the size's centre, widened toward
+    the better side until the best final validation loss lies inside; each run is kept in ``sweep.json``."""
+    path = OUT / cell.name / "sweep.json"
+    runs: dict[str, Any] = (_read(path) or {}).get("runs", {})
+    rates = [CENTRE[cell.size] / 2, CENTRE[cell.size], CENTRE[cell.size] * 2]
+    while True:
+        for lr in rates:
+            if f"{lr:.6g}" not in runs:
+                runs[f"{lr:.6g}"] = _fit(cell, lr, 0, "plain", workdir, None)
+                _write(path, {"cell": cell.name, "steps": cell.length.steps, "runs": runs})
+        best = tuned(runs)
+        if best == min(rates):
+            rates.insert(0, best / 2)
+        elif best == max(rates):
+            rates.append(best * 2)
+        else:
+            return best
+
+
+def tuned(runs: dict[str, Any]) -> float:
+    """The rate of the best final validation loss (a non-finite loss is the worst)."""
+    finals = {float(lr): run["points"][-1]["val_loss"] for lr, run in runs.items()}
+    return min(finals, key=lambda lr: finals[lr] if finals[lr] == finals[lr] else float("inf"))
+
+
+def block_path(cell: Cell, seed: int) -> Path:
+    return OUT / cell.name / f"seed{seed}_{'_'.join(BLOCK)}.json"
+
+
+def block(cell: Cell, seed: int, lr: float, workdir: str) -> None:
+    """Plain, then each configuration of ``BLOCK`` against it, in this process: the block's file is rewritten as
+    each run ends, and a block another process left unfinished is run again from plain. Seed 0's plain is the
+    sweep's run at the rate where this process made it."""
+    path = block_path(cell, seed)
+    done = _read(path)
+    if done is not None and set(done["runs"]) == {"plain", *BLOCK}:
+        return
+    if done is None or done["process"] != PROCESS or done["lr"] != lr:
+        done = {"cell": cell.name, "seed": seed, "lr": lr, "steps": cell.length.steps, "process": PROCESS, "runs": {}}
+        swept = (_read(OUT / cell.name / "sweep.json") or {"runs": {}})["runs"].get(f"{lr:.6g}")
+        if seed == 0 and swept is not None and swept["process"] == PROCESS:
+            done["runs"]["plain"] = swept
+    runs = done["runs"]
+    for config in ("plain", *BLOCK):
+        if config not in runs:
+            baseline = record_from(runs["plain"]) if config != "plain" else None
+            runs[config] = _fit(cell, lr, seed, config, workdir, baseline)
+            _write(path, done)
+
+
+def run(grid: str, seeds: int = SEEDS) -> None:
+    with tempfile.TemporaryDirectory() as workdir:  # the costliest cell first: the smallest is in both grids
+        for cell in sorted((Cell(*c) for c in GRIDS[grid]), key=lambda c: c.params**2 * c.tokens_per_param)[::-1]:
+            if all(_complete(cell, seed) for seed in range(seeds)):
+                continue
+            warm_up(TASK, cell.length, cell.overrides, workdir)
+            lr = sweep(cell, workdir)
+            for seed in range(seeds):
+                block(cell, seed, lr, workdir)
+
+
+def _complete(cell: Cell, seed: int) -> bool:
+    done = _read(block_path(cell, seed))
+    return done is not None and set(done["runs"]) == {"plain", *BLOCK}
+
+
+# -- the report: per grid, a table of every cell and a plot of the gain against the grid's axis ---------------------
+AXES = {"backward": "backward passes", "cpu_s": "CPU time"}
+
+
+def seed_figures(done: dict[str, Any], config: str) -> dict[str, Any]:
+    """One block's figures for ``config`` against its plain: per axis plain's time to plain's final loss over the
+    configuration's (``None`` where it never got there, or where plain's curve turned up at its end: no target),
+    the loss at plain's last step over plain's, and the jumps."""
+    plain, other = record_from(done["runs"]["plain"]), done["runs"][config]
+    theirs = record_from(other)
+    target, overfit = plain.curve.losses[-1], overfits(plain.curve.losses)
+    out: dict[str, Any] = {"overfit": overfit}
+    for axis in AXES:
+        mine = time_to_target(plain.curve.axis(axis), plain.curve.losses, target)
+        them = time_to_target(theirs.curve.axis(axis), theirs.curve.losses, target)
+        out[axis] = mine / them if mine and them and not overfit else None
+    at = theirs.curve.at_step(plain.curve.points[-1].step)
+    out["loss"] = None if at is None else at / target
+    out |= {"made": other["segments_started"], "undone": other["rollbacks"], "kept": other.get("jumps_kept", 0)}
+    return out
+
+
+def cell_figures(cell: Cell) -> dict[str, Any] | None:
+    """Everything the report says of a cell, from its files; ``None`` before its sweep has begun."""
+    sweep_file = _read(OUT / cell.name / "sweep.json")
+    if sweep_file is None:
+        return None
+    blocks = [b for seed in range(SEEDS) if (b := _read(block_path(cell, seed))) and set(b["runs"]) >= {"plain"}]
+    figures = {c: [seed_figures(b, c) for b in blocks if c in b["runs"]] for c in BLOCK}
+    plains = [record_from(b["runs"]["plain"]).curve for b in blocks]
+    lowest = [c.points[min(range(len(c.losses)), key=c.losses.__getitem__)].step for c in plains]
+    sweep_losses = {float(lr): r["points"][-1]["val_loss"] for lr, r in sweep_file["runs"].items()}
+    return {
+        "sweep": dict(sorted(sweep_losses.items())),
+        "lr": blocks[0]["lr"] if blocks else None,
+        **figures,
+        "plain_lowest_at": lowest,
+        "plain_steps": cell.length.steps,
+    }
+
+
+def _cell(values: list[float | None], fmt: str = ".2f", suffix: str = "x") -> str:
+    return seeds_cell(values, fmt, suffix) if values else "-"
+
+
+def grid_table(grid: str) -> str:
+    """The grid's table: for each cell, plain's time to its final loss over the default's and over the nudged
+    control's (medians, ranges over seeds), the default's loss at plain's last step over plain's, and its jumps."""
+    lines = [
+        "| cell | parameters | tokens a parameter | steps | rate | seeds | backward passes: default | nudged plain"
+        " | CPU time: default | nudged plain | loss at equal steps, default/plain | jumps kept of made (undone) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for size, tokens in GRIDS[grid]:
+        cell = Cell(size, tokens)
+        f = cell_figures(cell)
+        head = f"| {cell.name} | {cell.params / 1e6:.2f}M | {tokens:g} | {cell.length.steps} |"
+        if f is None or not f["default"]:
+            lines.append(head + " not run yet |" + " |" * 7)
+            continue
+        default, nudged = f["default"], f["nudged"]
+        over = sum(s["overfit"] for s in default)
+        gains = [_cell([s[a] for s in runs]) for a in AXES for runs in (default, nudged)]
+        jumps = "; ".join(f"{s['kept']} of {s['made']} ({s['undone']})" for s in default)
+        seeds = f"{len(default)}" + (f" (plain overfits in {over})" if over else "")
+        loss = _cell([s["loss"] for s in default], ".3f", "")
+        lines.append(f"{head} {f['lr']:.3g} | {seeds} | " + " | ".join(gains) + f" | {loss} | {jumps} |")
+    return "\n".join(lines)
+
+
+def plot(grid: str, path: Path) -> None:
+    """The default's gain (median and range over seeds) against the grid's axis, beside the nudged control's."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = [Cell(size, tokens) for size, tokens in GRIDS[grid]]
+    xs = [c.tokens_per_param if grid == "length" else c.params / 1e6 for c in cells]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True)
+    for ax, (axis, label) in zip(axes, AXES.items()):
+        for config, style in (("default", {"marker": "o"}), ("nudged", {"marker": "s", "linestyle": ":"})):
+            points = []
+            for x, cell in zip(xs, cells):
+                f = cell_figures(cell)
+                values = [s[axis] for s in (f or {}).get(config, []) if s[axis] is not None]
+                if values:
+                    mid = median_over_seeds(values)
+                    points.append((x, mid, mid - min(values), max(values) - mid))
+            if points:
+                px, mid, low, high = zip(*points)
+                ax.errorbar(px, mid, yerr=[low, high], capsize=3, label=f"{config}", **style)
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set_xscale("log")
+        ax.set_xlabel("tokens per parameter" if grid == "length" else "parameters (millions)")
+        ax.set_title(f"{label} to plain's final loss, plain / run")
+        ax.legend(fontsize=8)
+    fig.suptitle(
+        "the 0.44M char GPT as runs grow longer"
+        if grid == "length"
+        else f"the char GPT as it grows, at {SHARED_LENGTH:g} tokens a parameter"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report() -> str:
+    """``results/scale/README.md`` (every cell's figures, made from the block files) and the two plots."""
+    sections = []
+    for grid in GRIDS:
+        sections.append(
+            f"## {'As runs grow longer' if grid == 'length' else 'As models grow larger'}\n\n"
+            + grid_table(grid)
+            + f"\n\n![{grid}](gain_by_{grid}.png)"
+        )
+        plot(grid, OUT / f"gain_by_{grid}.png")
+    sweeps = []
+    for cell in dict.fromkeys(Cell(s, t) for cells in GRIDS.values() for s, t in cells):
+        f = cell_figures(cell)
+        if f is not None:
+            finals = ", ".join(f"{lr:.3g}: {loss:.4f}" for lr, loss in f["sweep"].items())
+            low = ", ".join(map(str, f["plain_lowest_at"])) or "-"
+            sweeps.append(f"- {cell.name} ({cell.length.steps} steps): {finals}; plain lowest at steps {low}")
+    text = "# What to expect at your scale\n\n" + __doc__.split("\n\n")[2].strip() + "\n\nMade by `python -m "
+    text += "benchmarks.scale report` from the files beside it.\n\n" + "\n\n".join(sections)
+    text += "\n\n## Plain's sweeps (seed 0, final validation loss by rate)\n\n" + "\n".join(sweeps) + "\n"
+    write_atomic(OUT / "README.md", text)
+    return text
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("action", choices=("run", "report"))
+    parser.add_argument("grid", nargs="?", choices=tuple(GRIDS), help="run: the grid")
+    parser.add_argument("--seeds", type=int, default=SEEDS)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    if args.action == "run":
+        run(args.grid, args.seeds)
+    else:
+        print(report())
+
+
+if __name__ == "__main__":
+    main()
