@@ -22,6 +22,7 @@ what the tuned rate itself buys: plain at the tuned rate's time to each rate's t
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import tempfile
@@ -101,6 +102,7 @@ def _pretrained(cfg: Any) -> dict[str, str]:
     return {"pretrained": fingerprint(pretrained_weights(*args))}
 
 
+@functools.cache
 def _own_lr(task: str) -> float:
     return float(compose_run(LR_TASKS[task].task, "default", 0, [], tempfile.gettempdir()).model.lr)
 
@@ -257,7 +259,7 @@ def _untargeted(rows: list[dict]) -> bool:
     return all(r.get("overfit") for r in rows)
 
 
-def _time_cell(rows: list[dict], axis: str) -> str:
+def time_cell(rows: list[dict], axis: str) -> str:
     over = sum(bool(r.get("overfit")) for r in rows)
     if over == len(rows):
         return f"none: plain overfits in {over} of {over}"
@@ -296,7 +298,7 @@ def task_table(task: str) -> tuple[str, dict[str, dict[float, list[dict]]]]:
             found.setdefault(config, {})[lr] = rows
             name = "plain at the tuned lr" if config == "tuned" else _label(config)
             rate = f"{lr:.3g}{' (tuned)' if lr == best else ''}"
-            cells = [_time_cell(rows, axis) for axis in AXES]
+            cells = [time_cell(rows, axis) for axis in AXES]
             cells += [seeds_cell([r[key] for r in rows], ".3f", "") for key in ("loss", "cost")]
             lines.append(f"| {rate} | {name} | {len(rows)} | " + " | ".join(cells) + " |")
     apart = [(c, lr) for c, by_lr in found.items() if c != "tuned" for lr, rows in by_lr.items() if _apart(rows)]
@@ -425,14 +427,14 @@ def goals(task: str, found: dict[str, dict[float, list[dict]]], config: str = "s
             if not theirs:
                 continue
             if other is None or time is None:
-                said.append(f"`{peer}` {_time_cell(theirs, clock)}")
+                said.append(f"`{peer}` {time_cell(theirs, clock)}")
             else:
                 side = "ahead of" if time >= other else "behind"
                 said.append(f"{side} `{peer}` ({other:.2f}x) by {max(time, other) / min(time, other):.2f}x")
         judged = "" if clock == "cpu_s" else "; judged on backward passes: CPU times from another session"
         lines.append(
-            f"- {LABELS[name]} ({len(rows)} seeds{judged}, time {_time_cell(rows, 'cpu_s')}, backward passes "
-            f"{_time_cell(rows, 'backward')}, loss "
+            f"- {LABELS[name]} ({len(rows)} seeds{judged}, time {time_cell(rows, 'cpu_s')}, backward passes "
+            f"{time_cell(rows, 'backward')}, loss "
             f"{seeds_cell([r['loss'] for r in rows], '.3f', '')}, "
             f"steps kept {seeds_cell([r['kept'] for r in rows], '.0f', '')}): " + "; ".join(said)
         )

@@ -229,17 +229,20 @@ def _cell(values: list[float | None], fmt: str = ".2f", suffix: str = "x") -> st
 
 
 def grid_table(grid: str) -> str:
-    """The grid's table: for each cell, plain's time to its final loss over the default's and over the nudged
-    control's (medians, ranges over seeds), the default's loss at plain's last step over plain's, and its jumps."""
+    return cells_table([Cell(size, tokens) for size, tokens in GRIDS[grid]])
+
+
+def cells_table(cells: list[Cell]) -> str:
+    """For each cell, plain's time to its final loss over the default's and over the nudged control's (medians,
+    ranges over seeds), the default's loss at plain's last step over plain's, and its jumps in each seed."""
     lines = [
         "| cell | parameters | tokens a parameter | steps | rate | seeds | backward passes: default | nudged plain"
         " | CPU time: default | nudged plain | loss at equal steps, default/plain | jumps kept of made (undone) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for size, tokens in GRIDS[grid]:
-        cell = Cell(size, tokens)
+    for cell in cells:
         f = cell_figures(cell)
-        head = f"| {cell.name} | {cell.params / 1e6:.2f}M | {tokens:g} | {cell.length.steps} |"
+        head = f"| {cell.name} | {cell.params / 1e6:.2f}M | {cell.tokens_per_param:g} | {cell.length.steps} |"
         if f is None or not f["default"]:
             lines.append(head + " not run yet |" + " |" * 7)
             continue
@@ -290,6 +293,19 @@ def plot(grid: str, path: Path) -> None:
     plt.close(fig)
 
 
+def sweeps() -> str:
+    """Each cell's sweep (seed 0, final validation loss by rate), and where each seed's plain curve was lowest: a
+    curve lowest before its end would void the cell's time to target (none is given where it rose over 1%)."""
+    lines = []
+    for cell in dict.fromkeys(Cell(s, t) for cells in GRIDS.values() for s, t in cells):
+        f = cell_figures(cell)
+        if f is not None:
+            finals = ", ".join(f"{lr:.3g}: {loss:.4f}" for lr, loss in f["sweep"].items())
+            low = ", ".join(map(str, f["plain_lowest_at"])) or "-"
+            lines.append(f"- {cell.name} ({cell.length.steps} steps): {finals}; plain lowest at steps {low}")
+    return "\n".join(lines) or "No sweep yet."
+
+
 def report() -> str:
     """``results/scale/README.md`` (every cell's figures, made from the block files) and the two plots."""
     sections = []
@@ -300,16 +316,9 @@ def report() -> str:
             + f"\n\n![{grid}](gain_by_{grid}.png)"
         )
         plot(grid, OUT / f"gain_by_{grid}.png")
-    sweeps = []
-    for cell in dict.fromkeys(Cell(s, t) for cells in GRIDS.values() for s, t in cells):
-        f = cell_figures(cell)
-        if f is not None:
-            finals = ", ".join(f"{lr:.3g}: {loss:.4f}" for lr, loss in f["sweep"].items())
-            low = ", ".join(map(str, f["plain_lowest_at"])) or "-"
-            sweeps.append(f"- {cell.name} ({cell.length.steps} steps): {finals}; plain lowest at steps {low}")
     text = "# What to expect at your scale\n\n" + __doc__.split("\n\n")[2].strip() + "\n\nMade by `python -m "
     text += "benchmarks.scale report` from the files beside it.\n\n" + "\n\n".join(sections)
-    text += "\n\n## Plain's sweeps (seed 0, final validation loss by rate)\n\n" + "\n".join(sweeps) + "\n"
+    text += "\n\n## Plain's sweeps (seed 0, final validation loss by rate)\n\n" + sweeps() + "\n"
     write_atomic(OUT / "README.md", text)
     return text
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTIONS = ("## Quick start", "## Use it in your own Trainer", "## LightningCLI", "## The training app (Hydra)")
-SECTIONS += ("## Results", "## Limitations", "## Documentation")
+SECTIONS += ("## What to expect at your scale", "## Limitations", "## Documentation")
 
 
 def test_no_package_module_is_over_300_lines():
@@ -20,6 +20,6 @@ def test_the_readme_is_at_most_250_lines_and_keeps_its_sections():
     assert len(readme.splitlines()) <= 250
     assert all(section in readme for section in SECTIONS)
     assert "![" in readme  # a picture
-    results = readme.split("## Results", 1)[1].split("\n## ", 1)[0]
+    results = readme.split("## What to expect at your scale", 1)[1].split("\n## ", 1)[0]
     assert sum(line.startswith("|---") for line in results.splitlines()) == 1  # one results table
     assert sum(line.startswith("| ") for line in results.splitlines()) <= 1 + 8  # a header and at most 8 rows

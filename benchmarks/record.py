@@ -1,0 +1,209 @@
+"""The record's tables and counts, written from the result files: every region of the README and the performance
+record between ``<!-- record: NAME -->`` and ``<!-- /record -->`` is the output of NAME's generator below; the prose
+around the regions is the authors'. A test checks that every table of both files lies in a region and that the
+regions are what the result files give.
+
+    python -m benchmarks.record           # rewrite the regions
+    python -m benchmarks.record --check   # list the regions that differ from what the result files give
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+from benchmarks import lrs, scale
+from benchmarks.report import median_over_seeds, seeds_cell
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCUMENTS = (ROOT / "README.md", ROOT / "docs" / "performance.md")
+REGION = re.compile(r"(<!-- record: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /record -->)", re.S)
+DEFAULT = "outer_norm_restart_res"  # the default's configuration name in the learning-rate grid's files
+
+
+# -- the paired scale grid (benchmarks/scale.py) -------------------------------------------------------------------
+def _gain(cell: scale.Cell, axis: str, config: str = "default") -> str:
+    figures = scale.cell_figures(cell)
+    values = [s[axis] for s in (figures or {}).get(config, [])]
+    return seeds_cell(values) if values else "not measured yet"
+
+
+def scale_status() -> str:
+    """The README's status in the grid's figures: the longest run and the largest model, the control beside each."""
+    said = []
+    for cell, where in (
+        (scale.Cell("0.44M", 25.0), "at 25 tokens a parameter on the 0.44M GPT"),
+        (scale.Cell("3.3M", scale.SHARED_LENGTH), f"at {scale.SHARED_LENGTH:g} on the 3.3M GPT"),
+    ):
+        if not (scale.cell_figures(cell) or {}).get("default"):
+            said.append(f"{where}, not measured yet")
+            continue
+        said.append(
+            f"{where}, {_gain(cell, 'backward')} in backward passes and {_gain(cell, 'cpu_s')} in CPU time (plain "
+            f"nudged: {_gain(cell, 'backward', 'nudged')} and {_gain(cell, 'cpu_s', 'nudged')})"
+        )
+    text = "plain's time to its final validation loss over the default's (>1: sooner), " + "; ".join(said) + "."
+    return textwrap.fill(text, 118) + "\n"
+
+
+def scale_table() -> str:
+    cells = dict.fromkeys(scale.Cell(size, t) for grid in scale.GRIDS.values() for size, t in grid)
+    return scale.cells_table(sorted(cells, key=lambda c: (c.params, c.tokens_per_param))) + "\n"
+
+
+def scale_sweeps() -> str:
+    return scale.sweeps() + "\n"
+
+
+# -- the earlier grid across learning rates (benchmarks/lrs.py): history, each pair labelled -----------------------
+def _rows(task: str, lr: float, config: str, best: float) -> list[dict]:
+    return lrs.seed_rows(task, lr, config, best)
+
+
+def _paired(rows: list[dict]) -> str:
+    """How many of a cell's seeds met their baseline on another host or more than ``APART_HOURS`` apart."""
+    apart = sum(bool(r.get("other_host")) or (r.get("hours_apart") or 0) > lrs.APART_HOURS for r in rows)
+    return f"{apart} of {len(rows)}" if apart else "none"
+
+
+def lrs_default() -> str:
+    """Per task and rate, the default's backward passes to plain's final loss beside plain's own controls, and how
+    many of its seeds met a plain baseline from another host or session."""
+    lines = [
+        "| task | rate | default: backward passes | plain nudged | plain run again | default's loss at equal steps"
+        " | seeds unpaired (another host, or over 3 h apart) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for task in lrs.LR_TASKS:
+        best = lrs.tuned(task)
+        for name, lr in lrs.grid_rates(best).items():
+            rows = _rows(task, lr, DEFAULT, best)
+            if not rows:
+                continue
+            controls = [
+                lrs.time_cell(_rows(task, lr, c, best), "backward") if _rows(task, lr, c, best) else "-"
+                for c in lrs.CONTROLS
+            ]
+            loss = seeds_cell([r["loss"] for r in rows], ".3f", "")
+            lines.append(
+                f"| {task} | {lrs.LABELS[name]} | {lrs.time_cell(rows, 'backward')} | "
+                + " | ".join(controls)
+                + f" | {loss} | {_paired(rows)} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def lrs_pairs() -> str:
+    """The count behind the history label: the default's seed pairs, and those that met a baseline elsewhere."""
+    rows = [
+        r
+        for task in lrs.LR_TASKS
+        for lr in lrs.grid_rates(lrs.tuned(task)).values()
+        for r in _rows(task, lr, DEFAULT, lrs.tuned(task))
+    ]
+    host = sum(bool(r.get("other_host")) for r in rows)
+    late = sum((r.get("hours_apart") or 0) > lrs.APART_HOURS for r in rows)
+    return (
+        f"Of the default's {len(rows)} seed pairs in this grid, {host} met a plain baseline that ran on another host "
+        f"and {late} one that ended more than {lrs.APART_HOURS} hours apart.\n"
+    )
+
+
+CONFIG_CELLS = (("char_gpt", "tuned"), ("char_gpt", "3x"), ("char_gpt_mid", "tuned"), ("digits_cnn", "3x"))
+
+
+def lrs_configs() -> str:
+    """Every rule the grid ran (the default, its guards one at a time, and what lost), in four cells: backward
+    passes to plain's final loss and the loss at equal steps."""
+    heads = [f"{t}, {lrs.LABELS[r]}" for t, r in CONFIG_CELLS]
+    lines = ["| configuration | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
+    for config in (*lrs.HYBRID, *lrs.RETIRED):
+        cells = []
+        for task, rate in CONFIG_CELLS:
+            best = lrs.tuned(task)
+            rows = _rows(task, lrs.grid_rates(best)[rate], config, best)
+            loss = median_over_seeds([r["loss"] for r in rows]) if rows else None
+            cells.append(f"{lrs.time_cell(rows, 'backward')}, {loss:.3f}" if loss is not None else "-")
+        if any(c != "-" for c in cells):
+            lines.append(f"| `{config}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def lrs_peers() -> str:
+    """The default against the peers Lightning users reach for, at a third of the tuned rate and at it."""
+    configs = (DEFAULT, "ema", "schedulefree")
+    lines = ["| task | " + " | ".join(f"`{c}`, tuned/3 and tuned" for c in configs) + " |", "|---|---|---|---|"]
+    for task in lrs.LR_TASKS:
+        best, cells = lrs.tuned(task), []
+        for config in configs:
+            said = [
+                lrs.time_cell(rows, "backward") if (rows := _rows(task, lr, config, best)) else "-"
+                for lr in (best / 3, best)
+            ]
+            cells.append("; ".join(said))
+        if any(c != "-; -" for c in cells[1:]):
+            lines.append(f"| {task} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+# -- Lightning's own tests with the plugin inside (tests/lightning_inject.py) ---------------------------------------
+def lightning_tests() -> str:
+    runs = json.loads((scale.RESULTS / "lightning_tests" / "outcomes.json").read_text())
+    plain, injected = runs["plain"]["passed"], runs["default"]["passed"]
+    return (
+        f"Of {plain} of Lightning's own tests that pass plain, {injected} pass with the plugin in every Trainer\n"
+        f"([record](benchmarks/results/lightning_tests/README.md); [the {plain - injected} others]"
+        "(docs/how-it-works.md#compatibility)).\n"
+    )
+
+
+GENERATORS: dict[str, Callable[[], str]] = {
+    "lightning-tests": lightning_tests,
+    "scale-status": scale_status,
+    "scale-table": scale_table,
+    "scale-sweeps": scale_sweeps,
+    "lrs-default": lrs_default,
+    "lrs-pairs": lrs_pairs,
+    "lrs-configs": lrs_configs,
+    "lrs-peers": lrs_peers,
+}
+
+
+def written(text: str, cache: dict[str, str]) -> str:
+    """``text`` with each region's body replaced by its generator's output (each generator run once)."""
+
+    def body(match: re.Match[str]) -> str:
+        name = match["name"]
+        if name not in GENERATORS:
+            raise KeyError(f"a region names no generator: {name!r} (known: {', '.join(GENERATORS)})")
+        if name not in cache:
+            cache[name] = GENERATORS[name]()
+        return match[1] + cache[name] + match[4]
+
+    return REGION.sub(body, text)
+
+
+def stale() -> list[str]:
+    """The documents whose regions differ from what the result files give."""
+    cache: dict[str, str] = {}
+    return [str(p.relative_to(ROOT)) for p in DOCUMENTS if written(p.read_text(), cache) != p.read_text()]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true")
+    args = parser.parse_args(argv)
+    if args.check:
+        differ = stale()
+        raise SystemExit(f"stale: {', '.join(differ)}" if differ else 0)
+    cache: dict[str, str] = {}
+    for path in DOCUMENTS:
+        path.write_text(written(path.read_text(), cache))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""``benchmarks.scale`` on a char GPT of a few thousand parameters (its figures mean nothing here): a cell's sweep
+finds the best rate inside its rates, each seed's block runs plain, the default and nudged plain in one process (seed
+0's plain is the sweep's run, made by the same process), a finished grid runs nothing again, a block another process
+left unfinished runs again whole, and the report's table and plots come from the files."""
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def scale(tmp_path, monkeypatch):
+    from benchmarks import scale
+
+    monkeypatch.setattr(scale, "OUT", tmp_path)
+    monkeypatch.setattr(scale, "TASK", "char_gpt")  # its 1 MB corpus: these runs read no more
+    monkeypatch.setattr(scale, "SIZES", {"tiny": (1, 32, 2)})
+    monkeypatch.setattr(scale, "CENTRE", {"tiny": 0.048})  # the best of three here
+    monkeypatch.setattr(scale, "GRIDS", {"length": [("tiny", 3.0)], "size": [("tiny", 3.0)]})
+    monkeypatch.setattr(scale, "SEEDS", 1)
+    return scale
+
+
+def test_a_cell_sweeps_then_pairs_each_seeds_runs_in_one_process_and_resumes(scale, tmp_path, monkeypatch):
+    cell, fits, fit = scale.Cell("tiny", 3.0), [], scale.fit
+    monkeypatch.setattr(scale, "fit", lambda *args, **kwargs: fits.append(kwargs["hybrid"]) or fit(*args, **kwargs))
+    scale.run("length", seeds=1)
+    sweep_file = tmp_path / cell.name / "sweep.json"
+    sweep = json.loads(sweep_file.read_text())["runs"]
+    block = json.loads(scale.block_path(cell, 0).read_text())
+    assert sorted(map(float, sweep)) == [0.024, 0.048, 0.096] and block["lr"] == 0.048
+    assert set(block["runs"]) == {"plain", "default", "nudged"} and block["process"] == scale.PROCESS
+    assert block["runs"]["plain"] == sweep["0.048"] and len(fits) == 5  # seed 0's plain: the sweep's run
+    assert [block["runs"][c]["trained_lr"] for c in ("default", "nudged")] == [0.048, 0.048 * 1.001]
+    assert all(r["process"] == scale.PROCESS and r["data"]["passes"] < 1 for r in block["runs"].values())
+    scale.run("length", seeds=1)
+    assert len(fits) == 5  # a finished grid trains nothing
+
+    elsewhere = {**scale.PROCESS, "pid": -1}  # another process made the sweep and stopped after the block's plain
+    swept = json.loads(sweep_file.read_text())
+    swept["runs"] = {lr: {**run, "process": elsewhere} for lr, run in swept["runs"].items()}
+    sweep_file.write_text(json.dumps(swept))
+    left = {**block, "process": elsewhere, "runs": {"plain": swept["runs"]["0.048"]}}
+    scale.block_path(cell, 0).write_text(json.dumps(left))
+    scale.run("length", seeds=1)
+    again = json.loads(scale.block_path(cell, 0).read_text())
+    assert fits[5:] == [False, True, False]  # plain again, then the default and the control, in this process
+    assert again["process"] == scale.PROCESS and again["runs"]["plain"]["process"] == scale.PROCESS
+
+    text = scale.report()
+    assert f"| {cell.name} | 0.03M | 3 | {cell.length.steps} | 0.048 | 1 |" in text
+    assert (tmp_path / "README.md").read_text() == text
+    assert (tmp_path / "gain_by_length.png").stat().st_size > 10_000 and (tmp_path / "gain_by_size.png").exists()

@@ -1,0 +1,47 @@
+"""The record's tables and counts are the result files' (``python -m benchmarks.record``), none written by hand: the
+README's results and every table and count of the performance record lie in regions its generators write, and the
+regions are what the files give now."""
+
+import re
+
+import pytest
+
+from benchmarks.record import DOCUMENTS, GENERATORS, REGION, stale, written
+
+README, PERFORMANCE = DOCUMENTS
+COUNT = re.compile(r"\b\d+ of \d+\b")  # "3 of 5 seeds": a count that goes stale when written by hand
+
+
+def _outside_regions(text: str) -> str:
+    return REGION.sub("", text)
+
+
+def test_every_region_is_what_the_result_files_give():
+    assert stale() == [], "run `python -m benchmarks.record` and commit what it wrote"
+
+
+def test_no_table_or_count_of_the_record_is_written_by_hand():
+    prose = _outside_regions(PERFORMANCE.read_text())
+    assert not [line for line in prose.splitlines() if line.startswith("|")]
+    assert not COUNT.findall(prose)
+
+
+def test_the_readmes_results_and_status_are_written_from_the_files():
+    readme = README.read_text()
+    results = readme.split("## What to expect at your scale", 1)[1].split("\n## ", 1)[0]
+    assert "<!-- record: scale-table -->" in results and not COUNT.findall(_outside_regions(results))
+    assert not [line for line in _outside_regions(results).splitlines() if line.startswith("|")]
+    status = readme.split("**Status.**", 1)[1].split("\n\n", 1)[0]
+    assert "<!-- record: scale-status -->" in status and not COUNT.findall(_outside_regions(status))
+    assert not COUNT.findall(_outside_regions(readme))  # Lightning's tests too
+
+
+def test_a_region_is_rewritten_and_one_naming_no_generator_is_refused():
+    text = "before\n<!-- record: lightning-tests -->\nstale\n<!-- /record -->\nafter\n"
+    again = written(text, {})
+    assert again.startswith("before\n<!-- record: lightning-tests -->\nOf ") and again.endswith(
+        "<!-- /record -->\nafter\n"
+    )
+    assert written(again, {}) == again and set(GENERATORS) >= {"scale-table", "scale-status", "lrs-default"}
+    with pytest.raises(KeyError, match="names no generator: 'made-up'"):
+        written("<!-- record: made-up -->\n<!-- /record -->\n", {})
