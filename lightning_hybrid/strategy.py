@@ -82,6 +82,32 @@ class HybridStrategyMixin:
         plugin._hybrid_clipping = True
 
     @override
+    def on_validation_start(self) -> None:
+        """Validation inside ``fit`` sees what the run is evaluated at (an averaging rule's average), from here (the
+        last of Lightning's validation-start hooks) to :meth:`on_validation_end` (the last of the end hooks, so a
+        checkpoint saved by a callback there holds it too)."""
+        super().on_validation_start()
+        if self._hybrid is not None:
+            self._hybrid.evaluate(True)
+
+    @override
+    def on_validation_end(self) -> None:
+        if self._hybrid is not None:
+            self._hybrid.evaluate(False)
+        super().on_validation_end()
+
+    @override
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
+        """Write the weights the run is evaluated at (an averaging rule's average): the checkpoint's state dict
+        holds the parameters' own tensors, so they are put in place while it is written, and taken out after."""
+        swapped = self._hybrid is not None and self._hybrid.evaluate(True)
+        try:
+            super().save_checkpoint(checkpoint, filepath, storage_options)
+        finally:
+            if swapped:
+                self._hybrid.evaluate(False)
+
+    @override
     def load_checkpoint(self, checkpoint_path: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
         try:
             return super().load_checkpoint(checkpoint_path, *args, **kwargs)

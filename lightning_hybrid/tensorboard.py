@@ -37,6 +37,14 @@ LAYOUTS = {
             _phase_chart((Phase.WARMUP, Phase.FULL)): _lines("phase"),
         }
     },
+    "averaging": {
+        "Primal averaging": {
+            "training loss": _lines("loss"),
+            "steps averaged (running count)": _lines("averaged_steps"),
+            "the training weights' distance from their average, relative": _lines("average_gap"),
+            _phase_chart((Phase.WARMUP, Phase.FULL)): _lines("phase"),
+        }
+    },
     "per-step": {
         "Phase curves": {
             "loss: actual vs predicted": _lines("loss", "loss_predicted"),

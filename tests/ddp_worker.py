@@ -24,7 +24,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_hybrid import FullyShardedStrategy, HybridDDPStrategy, HybridFSDPStrategy, hybrid_callbacks
 from lightning_hybrid.callbacks import find_scheduler
-from lightning_hybrid.predictors import OuterMomentum
+from lightning_hybrid.predictors import OuterMomentum, PrimalAveraging
 from tests.helpers import (
     DEFAULT_JUMPING,
     FAST,
@@ -48,6 +48,7 @@ RULES = {  # `outer` without the default's guards, then with each, then the defa
     "outer_restart": partial(snoo, restart=True),
     "default": partial(OuterMomentum, **DEFAULT_JUMPING),
     "muon": partial(OuterMomentum, **DEFAULT_JUMPING),  # Muon and AdamW on one loss (MuonModel)
+    "gpa": partial(PrimalAveraging, mu_x=0.9, mu_y=0.7),  # primal averaging, its average short enough to move
 }
 STRATEGIES = {
     "ddp": HybridDDPStrategy,

@@ -471,6 +471,9 @@ DISTRIBUTED = {
     "save-linear-ddp": ("linear", "ddp", "save"),
     "save-exploding-ddp": ("exploding", "ddp", "save"),
     "save-linear-fsdp": ("linear", "fsdp", "save"),
+    "gpa": ("gpa", "ddp", ""),  # primal averaging under DDP and FSDP, and resumed from a sharded checkpoint
+    "gpa-fsdp": ("gpa", "fsdp", ""),
+    "save-gpa-fsdp": ("gpa", "fsdp", "save"),
     # modules as users write them (tests/user_modules.py), plain and hybrid, under DDP and FSDP per layer; GPT-2
     # then validated, tested, predicted and fitted again by the same Trainer, under FSDP per layer and whole
     **{f"lstm-{s}": ("lstm", s, "") for s in FSDP_UNITS[:2]},

@@ -215,3 +215,26 @@ def test_a_stateful_loader_whose_sampler_lightning_shards_is_said_not_to_resume_
     assert len(said) == 1 and "step 20" in said[0] and "DistributedSamplerWrapper" in said[0]
     assert "StatefulDistributedSampler" in said[0] and "use_distributed_sampler=False" in said[0]
     assert not [w for w in ranks[1]["warnings"] if "falls inside an epoch" in w]
+
+
+def test_gpa_keeps_the_ranks_alike_and_averages_shards_as_ddp_averages_the_whole(distributed_runs):
+    """Primal averaging on two ranks: the same weights on both under DDP; under FSDP each rank averages its own
+    shards and the gathered result is DDP's up to float rounding; fit hands back the average on every rank."""
+    ddp, fsdp = distributed_runs[1]["gpa"], distributed_runs[1]["gpa-fsdp"]
+    for runs in (ddp, fsdp):
+        assert torch.equal(runs[0]["params"], runs[1]["params"])
+        assert runs[0]["summary"]["averaged_steps"] == runs[1]["summary"]["averaged_steps"] == 55  # after 5 warmup
+    torch.testing.assert_close(fsdp[0]["params"], ddp[0]["params"], rtol=1e-5, atol=1e-5)
+    average = torch.cat([t.flatten() for t in ddp[0]["rule"]["x"]])
+    assert torch.equal(ddp[0]["params"], average)
+
+
+def test_gpa_resumes_a_sharded_checkpoint_bitwise(distributed_runs):
+    """The sharded checkpoint holds the average (each rank's shards), each rank's z and x beside them; the run
+    resumed from it goes on from the training point computed from them, and ends bitwise as the uninterrupted one."""
+    root, runs = distributed_runs
+    full, resumed = runs["save-gpa-fsdp"], runs["resumed-gpa-fsdp"]
+    assert [p.stem for p in saved_checkpoints(root / "save-gpa-fsdp")] == ["step=16", "step=32", "step=48"]
+    for before, after in zip(full, resumed):
+        assert torch.equal(after["params"], before["params"])
+        assert after["summary"]["averaged_steps"] == before["summary"]["averaged_steps"]

@@ -121,3 +121,29 @@ def test_the_plain_parent_shards_an_unchanged_module_without_the_hybrid_callback
     assert isinstance(trainer.strategy, FullyShardedStrategy) and trainer.global_step == 4
     assert all(isinstance(p, DTensor) for p in model.parameters())
     assert model.backward_calls == 4
+
+
+def test_a_sharded_checkpoint_of_primal_averaging_holds_the_average(tmp_path, single_rank):
+    """The sharded state dict's tensors are the parameters' own: written while the average is swapped in, the
+    folder's weights are the rule's ``x`` (and training then goes on at ``y``)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    from lightning_hybrid import hybrid_callbacks
+    from lightning_hybrid.predictors import PrimalAveraging
+
+    checkpoint = ModelCheckpoint(tmp_path / "ckpt", every_n_train_steps=8, filename="{step}")
+    trainer = hybrid_trainer(
+        12, hybrid=hybrid_callbacks(predictor=PrimalAveraging(mu_x=0.9), warmup_steps=0), devices=1,
+        strategy=HybridFSDPStrategy(process_group_backend="gloo"), default_root_dir=tmp_path, logger=False,
+        extra_callbacks=[checkpoint], enable_checkpointing=True,
+    )[0]  # fmt: skip
+    trainer.fit(RegressionModel(), loader())
+    saved = tmp_path / "ckpt" / "step=8.ckpt"
+    dcp_to_torch_save(saved, tmp_path / "whole.pt")
+    weights = list(torch.load(tmp_path / "whole.pt", weights_only=False)["state_dict"].values())
+    states = torch.load(saved / "hybrid_callbacks_rank0.pt", weights_only=True)
+    average = next(v for k, v in states.items() if "DynamicsPredictor" in k)["predictor"]["x"]
+    assert len(weights) == len(average) == 4
+    assert all(torch.equal(w.flatten(), x.flatten()) for w, x in zip(weights, average))
+    z = next(v for k, v in states.items() if "DynamicsPredictor" in k)["predictor"]["z"]
+    assert not all(torch.equal(w.flatten(), t.flatten()) for w, t in zip(weights, z))  # not the other sequence

@@ -45,9 +45,8 @@ class HybridEngine:
         self, config: HybridConfig, info: Callable[[str], Any] = log.info, warn: Callable[[str], Any] = warnings.warn
     ) -> None:
         self.config = config
-        self.machine = PhaseMachine(
-            config.warmup_steps, config.full_steps, config.correction_steps, config.max_predict_steps
-        )
+        phases = (config.warmup_steps, config.full_steps, config.correction_steps, config.max_predict_steps)
+        self.machine = PhaseMachine(*phases)
         self.policy = PredictionPolicy(config)
         self.record = RunRecord()
         self.step = StepRecord(phase=self.machine.phase)
@@ -66,7 +65,6 @@ class HybridEngine:
         self.stepped_aside: str | None = None  # where and why the engine left a fit to Lightning
         self.logs = True  # the step's scalars are logged: readings that only they show are worth taking
         self.info, self._warn = info, warn
-        self._said_skip = False  # this fit has said that the guard skipped a step
 
     # -- wiring --------------------------------------------------------------------------------------------------
     @property
@@ -105,7 +103,7 @@ class HybridEngine:
         self.policy.start(self.store.lrs(), gated=self.family.gated)
         self.record.start_clock()
         self.step = StepRecord(phase=self.machine.phase)
-        self._said_skip = False
+        self._said_skip = False  # this fit has said that the guard skipped a step
 
     def _build_store(self, optimizer: Optimizer, buffers: Sequence[Tensor]) -> None:
         keep = self.family.keeps_buffer or self.config.capture_buffer == "kept"
@@ -165,6 +163,10 @@ class HybridEngine:
     def unverified(self) -> bool:
         """Whether the weights now hold a prediction that no verdict has kept yet."""
         return self.family is not None and self.family.unverified
+
+    def evaluate(self, on: bool) -> bool:
+        """Put in the parameters what the run is evaluated at, or take it out (the family's); whether they changed."""
+        return self.bound and self.family.evaluate(on)
 
     # -- one step ------------------------------------------------------------------------------------------------
     def begin_step(self) -> None:
@@ -245,8 +247,7 @@ class HybridEngine:
         return run(closure) if self.step.guarded else run(self.guard(closure))
 
     def guard(self, closure: Callable[[], Any]) -> Callable[[], Any]:
-        """Wrap an ordinary step's closure so a non-finite loss or gradient never reaches the weights (of any of the
-        bound optimizers)."""
+        """Wrap an ordinary step's closure: no non-finite loss or gradient reaches a bound optimizer's weights."""
 
         def guarded() -> Any:
             output = closure()

@@ -173,6 +173,11 @@ class PredictionFamily:
         """Whether the weights now hold a prediction that no verdict has kept yet."""
         return False
 
+    def evaluate(self, on: bool) -> bool:
+        """Put in the parameters what the run is evaluated at (``on``: validation, a checkpoint), or take it back
+        out; returns whether they changed. Most families evaluate the weights they train."""
+        return False
+
     def end_fit(self) -> None:
         """Training ends, however it ends: undo anything unverified; leave the weights ``fit`` hands back."""
 

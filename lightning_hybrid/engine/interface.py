@@ -36,6 +36,10 @@ class StepHandler(Protocol):
         """``run(closure)`` steps ``optimizer`` with ``closure`` (the forward and backward, in automatic
         optimization), through Lightning's precision plugin."""
 
+    def evaluate(self, on: bool) -> bool:
+        """Put in the parameters what the run is evaluated at (``on``: a checkpoint is written), or take it back out;
+        returns whether they changed."""
+
 
 @runtime_checkable
 class Collectives(Protocol):

@@ -6,6 +6,7 @@ from typing import Any
 
 from lightning_hybrid.predictors.base import Plan, Predictor, UpdateStats
 from lightning_hybrid.predictors.direction import DirectionPredictor
+from lightning_hybrid.predictors.gpa import PrimalAveraging
 from lightning_hybrid.predictors.learned import LearnedPredictor
 from lightning_hybrid.predictors.linear import LinearPredictor
 from lightning_hybrid.predictors.mlp import MLPPredictor
@@ -17,7 +18,7 @@ from lightning_hybrid.validation import check_choice
 
 AnyPredictor = Predictor | TrajectoryRule
 PREDICTORS: dict[str, type[AnyPredictor]] = {
-    cls.name: cls for cls in (OuterMomentum, LinearPredictor, MLPPredictor, RSSMPredictor)
+    cls.name: cls for cls in (OuterMomentum, PrimalAveraging, LinearPredictor, MLPPredictor, RSSMPredictor)
 }
 
 
@@ -37,6 +38,7 @@ __all__ = [
     "OuterMomentum",
     "Plan",
     "Predictor",
+    "PrimalAveraging",
     "RSSMPredictor",
     "TrajectoryRule",
     "UpdateStats",

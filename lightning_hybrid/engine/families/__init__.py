@@ -3,6 +3,7 @@ the family that runs a predictor."""
 
 from typing import Any
 
+from lightning_hybrid.engine.families.averaging import PrimalAverages
 from lightning_hybrid.engine.families.jumps import OuterJumps
 from lightning_hybrid.engine.families.segments import PredictSegments
 from lightning_hybrid.engine.family import FAMILIES, PredictionFamily
@@ -19,4 +20,4 @@ def family_of(predictor: Any) -> type[PredictionFamily]:
     return FAMILIES[name]
 
 
-__all__ = ["OuterJumps", "PredictSegments", "family_of"]
+__all__ = ["OuterJumps", "PredictSegments", "PrimalAverages", "family_of"]

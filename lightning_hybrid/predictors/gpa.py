@@ -1,0 +1,114 @@
+"""``gpa``: generalized primal averaging (Defazio et al., 2025, arXiv 2512.17131) around the user's own optimizer,
+an opt-in rule that averages at every step where ``outer`` jumps once a cycle."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lightning_hybrid.offload import host_copies
+from lightning_hybrid.predictors.parameter_sums import squares
+from lightning_hybrid.predictors.rules import TensorList, TrajectoryRule, load_into
+from lightning_hybrid.validation import check_float
+
+
+class PrimalAveraging(TrajectoryRule):
+    """The user's optimizer steps at ``y``; its update becomes the step of ``z``, and ``x`` averages ``z``:
+
+    .. code-block:: text
+
+        z <- z + (the optimizer's update at y)
+        x <- mu_x x + (1 - mu_x) z
+        y <- mu_y x + (1 - mu_y) z
+
+    The parameters hold ``y`` while training and ``x`` wherever the run is evaluated: validation, checkpoints and
+    the end of ``fit`` (the family swaps them, as Lightning's ``WeightAveraging`` swaps its average in). ``z`` and
+    ``x`` are two parameter copies; ``y`` is always ``mu_y x + (1 - mu_y) z``, so it is computed again, bitwise, when
+    the average is swapped back out. Every step is a few fused ``torch._foreach_*`` operations over the parameters,
+    with no copy made; a step the guard skipped (on the device or on the host) leaves ``z``, ``x`` and ``y`` as they
+    were, bitwise.
+
+    ``mu_x=0`` makes ``x = z``, and ``mu_y=1`` trains at ``x``. The published settings, ``mu_y=0.7`` and
+    ``mu_x=0.9967``, average as one-worker DiLoCo does over 32 local steps.
+
+    Args:
+        mu_x: the average's memory, in ``[0, 1)``: ``1 - mu_x`` of ``z`` enters it each step.
+        mu_y: where gradients are taken between the average and ``z``, in ``(0, 1]`` (1: at the average).
+    """
+
+    name = "gpa"
+    family = "averaging"
+
+    def __init__(self, mu_x: float = 0.9967, mu_y: float = 0.7) -> None:
+        self.mu_x = check_float("PrimalAveraging", "mu_x", mu_x, 0.0, 1.0 - 1e-12)
+        self.mu_y = check_float("PrimalAveraging", "mu_y", mu_y, 0.0, 1.0, open_low=True)
+        super().__init__()
+        self._z: list[Tensor] = []  # both empty until averaging starts
+        self._x: list[Tensor] = []
+        self._like: list[Tensor] = []  # the parameters, whose shapes and devices a checkpoint's state takes
+        self._set_up = False
+
+    def setup(self, params: TensorList, keep_jump: bool) -> None:
+        """Nothing is held until the first averaged step (:meth:`start`), or a checkpoint's state arrives."""
+        self._like, self._z, self._x = list(params), [], []
+        self._set_up = True
+        self._apply_pending()
+
+    def start(self, params: list[Tensor]) -> None:
+        """The first averaged step is about to run: ``z = x = y``, the parameters as they are."""
+        with torch.no_grad():
+            self._z, self._x = [p.detach().clone() for p in params], [p.detach().clone() for p in params]
+
+    def average(self, params: list[Tensor], kept: Tensor) -> None:
+        """The optimizer has stepped ``params`` from ``y``: fold its update into ``z`` and ``x`` and leave the next
+        ``y`` in ``params``. ``kept`` (a 0-dim tensor on the parameters' device, 1 or 0) is 0 where the step's update
+        was skipped; then nothing changes, bitwise. The update is recovered as ``params - y`` without a copy of
+        ``y``: ``params`` itself holds it on the way."""
+        z, x, mu_y = self._z, self._x, self.mu_y
+        with torch.no_grad():
+            torch._foreach_add_(params, z, alpha=mu_y - 1.0)
+            torch._foreach_add_(params, x, alpha=-mu_y)  # params := the update, as params - mu_y x - (1 - mu_y) z
+            torch._foreach_mul_(params, kept)
+            torch._foreach_add_(z, params)
+            # a list of 0-dim weights, read on the device: one weight tensor alone would be read to the host
+            torch._foreach_lerp_(x, z, [kept * (1.0 - self.mu_x)] * len(x))
+            self.training_point(params)
+
+    def training_point(self, params: list[Tensor]) -> None:
+        """``params := y = mu_y x + (1 - mu_y) z``: where training goes on."""
+        with torch.no_grad():
+            torch._foreach_copy_(params, self._z)
+            torch._foreach_lerp_(params, self._x, self.mu_y)
+
+    def evaluation_point(self, params: list[Tensor]) -> None:
+        """``params := x``: the average, where the run is evaluated."""
+        with torch.no_grad():
+            torch._foreach_copy_(params, self._x)
+
+    def gap_terms(self, params: TensorList) -> Tensor:
+        """``[|y - x|², |y|²]`` over this rank's tensors (a parameter copy while they are summed; read at logging
+        steps only): how far training has moved from its average."""
+        with torch.no_grad():
+            return torch.stack([squares(torch._foreach_sub(params, self._x)).sum(), squares(params).sum()])
+
+    def release(self) -> None:
+        if self._set_up:
+            self._released = self.state_dict()
+            self._z, self._x, self._like, self._set_up = [], [], [], False
+
+    def state_dict(self) -> dict[str, Any]:
+        if not self._set_up:
+            return self._parked({"z": [], "x": []})
+        return {"z": host_copies(self._z), "x": host_copies(self._x)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not self._set_up:
+            if state["z"]:
+                self._park(state)
+            return
+        if state["z"]:
+            self._z, self._x = [torch.empty_like(p) for p in self._like], [torch.empty_like(p) for p in self._like]
+            load_into("PrimalAveraging", "z", self._z, state["z"])
+            load_into("PrimalAveraging", "average", self._x, state["x"])
