@@ -2,6 +2,8 @@
 
     python -m benchmarks.scale run length     # the 0.44M char GPT at 1.5, 6 and 25 tokens per parameter
     python -m benchmarks.scale run size       # 0.44M, 1.2M and 3.3M parameters at 1.5 tokens per parameter
+    python -m benchmarks.scale run length --block gpa            # primal averaging beside plain, in blocks of its own
+    python -m benchmarks.scale run size --block gpa --sizes 3.3M
     python -m benchmarks.scale report         # results/scale/README.md and its two plots
 
 A cell is a model size trained for a number of tokens per parameter (2,048 byte tokens a step) on the standard
@@ -9,7 +11,8 @@ library with its tests, which no run reads twice. Its learning rate is plain's b
 at the cell's own length (seed 0, cosine over the run, rates a factor of 2 apart, widened until the best lies inside).
 Each seed is then one block, run in one process, one torch thread: plain, the default, and plain nudged to 1.001x the
 rate (the noise floor: what chaos alone does to plain). The default and the control may train 1.5x plain's steps to
-reach its final loss. A block's file is rewritten as each of its runs ends; a block another process left unfinished
+reach its final loss. Primal averaging (``gpa``) runs in blocks of its own, plain then ``gpa``, each compared with its
+own block's plain. A block's file is rewritten as each of its runs ends; a block another process left unfinished
 is run again whole, so that every figure compares runs of one process on one host.
 """
 
@@ -45,8 +48,10 @@ GRIDS = {
     "size": [(size, SHARED_LENGTH) for size in SIZES],
 }
 SEEDS = 3
-CONFIGS = {"default": ([], 1.0), "nudged": ([], 1.001)}  # configuration -> (overrides, the rate's factor)
-BLOCK = ("default", "nudged")  # what each seed's block runs after plain
+# configuration -> (overrides, the rate's factor); the hybrid ones run with the plugin
+CONFIGS = {"default": ([], 1.0), "nudged": ([], 1.001), "gpa": (["predictor=gpa"], 1.0)}
+HYBRID_CONFIGS = ("default", "gpa")
+BLOCKS = {"default": ("default", "nudged"), "gpa": ("gpa",)}  # what a seed's block runs after plain, by name
 
 
 def _now() -> str:
@@ -102,7 +107,7 @@ def _fit(cell: Cell, lr: float, seed: int, config: str, workdir: str, baseline: 
         with open_dict(cfg):
             cfg.trainer.max_steps = trainer_steps(TASK, hybrid_steps(spec))
         stop = baseline_target(baseline, spec)
-    record = fit(cfg, hybrid=config == "default", stop=stop)
+    record = fit(cfg, hybrid=config in HYBRID_CONFIGS, stop=stop)
     print(f"{cell.name} lr {lr:.3g} seed {seed} {config}: final val loss {record.curve.losses[-1]:.4f}", flush=True)
     return {"config": config, "trained_lr": lr * factor, **_stamp(), **record.to_dict()}
 
@@ -142,17 +147,17 @@ def tuned(runs: dict[str, Any]) -> float:
     return min(finals, key=lambda lr: finals[lr] if finals[lr] == finals[lr] else float("inf"))
 
 
-def block_path(cell: Cell, seed: int) -> Path:
-    return OUT / cell.name / f"seed{seed}_{'_'.join(BLOCK)}.json"
+def block_path(cell: Cell, seed: int, configs: tuple[str, ...] = BLOCKS["default"]) -> Path:
+    return OUT / cell.name / f"seed{seed}_{'_'.join(configs)}.json"
 
 
-def block(cell: Cell, seed: int, lr: float, workdir: str) -> None:
-    """Plain, then each configuration of ``BLOCK`` against it, in this process: the block's file is rewritten as
-    each run ends, and a block another process left unfinished is run again from plain. Seed 0's plain is the
-    sweep's run at the rate where this process made it."""
-    path = block_path(cell, seed)
+def block(cell: Cell, seed: int, lr: float, workdir: str, configs: tuple[str, ...] = BLOCKS["default"]) -> None:
+    """Plain, then each of ``configs`` against it, in this process: the block's file is rewritten as each run ends,
+    and a block another process left unfinished is run again from plain. Seed 0's plain is the sweep's run at the
+    rate where this process made it."""
+    path = block_path(cell, seed, configs)
     done = _read(path)
-    if done is not None and set(done["runs"]) == {"plain", *BLOCK}:
+    if done is not None and set(done["runs"]) == {"plain", *configs}:
         return
     if done is None or done["process"] != PROCESS or done["lr"] != lr:
         done = {"cell": cell.name, "seed": seed, "lr": lr, "steps": cell.length.steps, "process": PROCESS, "runs": {}}
@@ -160,27 +165,31 @@ def block(cell: Cell, seed: int, lr: float, workdir: str) -> None:
         if seed == 0 and swept is not None and swept["process"] == PROCESS:
             done["runs"]["plain"] = swept
     runs = done["runs"]
-    for config in ("plain", *BLOCK):
+    for config in ("plain", *configs):
         if config not in runs:
             baseline = record_from(runs["plain"]) if config != "plain" else None
             runs[config] = _fit(cell, lr, seed, config, workdir, baseline)
             _write(path, done)
 
 
-def run(grid: str, seeds: int = SEEDS) -> None:
-    with tempfile.TemporaryDirectory() as workdir:  # the costliest cell first: the smallest is in both grids
-        for cell in sorted((Cell(*c) for c in GRIDS[grid]), key=lambda c: c.params**2 * c.tokens_per_param)[::-1]:
-            if all(_complete(cell, seed) for seed in range(seeds)):
+def run(grid: str, seeds: int = SEEDS, name: str = "default", sizes: tuple[str, ...] | None = None) -> None:
+    """The grid's cells (of ``sizes``) with blocks of ``BLOCKS[name]``, the costliest cell first: the smallest is in
+    both grids, run by whichever comes to it first."""
+    configs = BLOCKS[name]
+    cells = [c for c in (Cell(*c) for c in GRIDS[grid]) if sizes is None or c.size in sizes]
+    with tempfile.TemporaryDirectory() as workdir:
+        for cell in sorted(cells, key=lambda c: c.params**2 * c.tokens_per_param)[::-1]:
+            if all(_complete(cell, seed, configs) for seed in range(seeds)):
                 continue
             warm_up(TASK, cell.length, cell.overrides, workdir)
             lr = sweep(cell, workdir)
             for seed in range(seeds):
-                block(cell, seed, lr, workdir)
+                block(cell, seed, lr, workdir, configs)
 
 
-def _complete(cell: Cell, seed: int) -> bool:
-    done = _read(block_path(cell, seed))
-    return done is not None and set(done["runs"]) == {"plain", *BLOCK}
+def _complete(cell: Cell, seed: int, configs: tuple[str, ...]) -> bool:
+    done = _read(block_path(cell, seed, configs))
+    return done is not None and set(done["runs"]) == {"plain", *configs}
 
 
 # -- the report: per grid, a table of every cell and a plot of the gain against the grid's axis ---------------------
@@ -210,14 +219,17 @@ def cell_figures(cell: Cell) -> dict[str, Any] | None:
     sweep_file = _read(OUT / cell.name / "sweep.json")
     if sweep_file is None:
         return None
-    blocks = [b for seed in range(SEEDS) if (b := _read(block_path(cell, seed))) and set(b["runs"]) >= {"plain"}]
-    figures = {c: [seed_figures(b, c) for b in blocks if c in b["runs"]] for c in BLOCK}
-    plains = [record_from(b["runs"]["plain"]).curve for b in blocks]
+    blocks = {
+        name: [b for seed in range(SEEDS) if (b := _read(block_path(cell, seed, configs))) and "plain" in b["runs"]]
+        for name, configs in BLOCKS.items()
+    }
+    figures = {c: [seed_figures(b, c) for b in blocks[n] if c in b["runs"]] for n, cs in BLOCKS.items() for c in cs}
+    plains = [record_from(b["runs"]["plain"]).curve for b in blocks["default"]]
     lowest = [c.points[min(range(len(c.losses)), key=c.losses.__getitem__)].step for c in plains]
     sweep_losses = {float(lr): r["points"][-1]["val_loss"] for lr, r in sweep_file["runs"].items()}
     return {
         "sweep": dict(sorted(sweep_losses.items())),
-        "lr": blocks[0]["lr"] if blocks else None,
+        "lr": blocks["default"][0]["lr"] if blocks["default"] else None,
         **figures,
         "plain_lowest_at": lowest,
         "plain_steps": cell.length.steps,
@@ -233,26 +245,26 @@ def grid_table(grid: str) -> str:
 
 
 def cells_table(cells: list[Cell]) -> str:
-    """For each cell, plain's time to its final loss over the default's and over the nudged control's (medians,
-    ranges over seeds), the default's loss at plain's last step over plain's, and its jumps in each seed."""
-    lines = [
-        "| cell | parameters | tokens a parameter | steps | rate | seeds | backward passes: default | nudged plain"
-        " | CPU time: default | nudged plain | loss at equal steps, default/plain | jumps kept of made (undone) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    """For each cell, plain's time to its final loss over the default's, primal averaging's (``gpa``) and the nudged
+    control's (medians, ranges over seeds, each against the plain run of its own block), the loss at plain's last
+    step over plain's, and the default's jumps in each seed."""
+    shown = ("default", "gpa", "nudged")
+    heads = [f"{label}: {'nudged plain' if c == 'nudged' else c}" for label in AXES.values() for c in shown]
+    heads += ["loss at equal steps: default", "gpa", "the default's jumps kept of made (undone)"]
+    lines = ["| cell | parameters | tokens a parameter | steps | rate | seeds | " + " | ".join(heads) + " |"]
+    lines.append("|---" * (6 + len(heads)) + "|")
     for cell in cells:
         f = cell_figures(cell)
         head = f"| {cell.name} | {cell.params / 1e6:.2f}M | {cell.tokens_per_param:g} | {cell.length.steps} |"
         if f is None or not f["default"]:
-            lines.append(head + " not run yet |" + " |" * 7)
+            lines.append(head + " not run yet |" + " |" * len(heads) + " |")
             continue
-        default, nudged = f["default"], f["nudged"]
-        over = sum(s["overfit"] for s in default)
-        gains = [_cell([s[a] for s in runs]) for a in AXES for runs in (default, nudged)]
-        jumps = "; ".join(f"{s['kept']} of {s['made']} ({s['undone']})" for s in default)
-        seeds = f"{len(default)}" + (f" (plain overfits in {over})" if over else "")
-        loss = _cell([s["loss"] for s in default], ".3f", "")
-        lines.append(f"{head} {f['lr']:.3g} | {seeds} | " + " | ".join(gains) + f" | {loss} | {jumps} |")
+        over = sum(s["overfit"] for s in f["default"])
+        gains = [_cell([s[a] for s in f[c]]) for a in AXES for c in shown]
+        losses = [_cell([s["loss"] for s in f[c]], ".3f", "") for c in ("default", "gpa")]
+        jumps = "; ".join(f"{s['kept']} of {s['made']} ({s['undone']})" for s in f["default"])
+        seeds = f"{len(f['default'])}" + (f" (plain overfits in {over})" if over else "")
+        lines.append(f"{head} {f['lr']:.3g} | {seeds} | " + " | ".join([*gains, *losses, jumps]) + " |")
     return "\n".join(lines)
 
 
@@ -267,7 +279,8 @@ def plot(grid: str, path: Path) -> None:
     xs = [c.tokens_per_param if grid == "length" else c.params / 1e6 for c in cells]
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True)
     for ax, (axis, label) in zip(axes, AXES.items()):
-        for config, style in (("default", {"marker": "o"}), ("nudged", {"marker": "s", "linestyle": ":"})):
+        styles = {"default": {"marker": "o"}, "gpa": {"marker": "^"}, "nudged": {"marker": "s", "linestyle": ":"}}
+        for config, style in styles.items():
             points = []
             for x, cell in zip(xs, cells):
                 f = cell_figures(cell)
@@ -328,10 +341,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("action", choices=("run", "report"))
     parser.add_argument("grid", nargs="?", choices=tuple(GRIDS), help="run: the grid")
     parser.add_argument("--seeds", type=int, default=SEEDS)
+    parser.add_argument(
+        "--block", choices=tuple(BLOCKS), default="default", help="run: what each seed runs beside plain"
+    )
+    parser.add_argument("--sizes", nargs="+", choices=tuple(SIZES), help="run: the cells' sizes (default: all)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.action == "run":
-        run(args.grid, args.seeds)
+        run(args.grid, args.seeds, args.block, args.sizes and tuple(args.sizes))
     else:
         print(report())
 

@@ -49,7 +49,14 @@ def test_a_cell_sweeps_then_pairs_each_seeds_runs_in_one_process_and_resumes(sca
     assert fits[5:] == [False, True, False]  # plain again, then the default and the control, in this process
     assert again["process"] == scale.PROCESS and again["runs"]["plain"]["process"] == scale.PROCESS
 
+    scale.run("length", seeds=1, name="gpa")  # primal averaging, in a block of its own beside a plain run again
+    gpa = json.loads(scale.block_path(cell, 0, ("gpa",)).read_text())
+    assert set(gpa["runs"]) == {"plain", "gpa"} and fits[-2:] == [False, True]
+    assert gpa["runs"]["gpa"]["trained_lr"] == 0.048 and gpa["process"] == scale.PROCESS
+
     text = scale.report()
-    assert f"| {cell.name} | 0.03M | 3 | {cell.length.steps} | 0.048 | 1 |" in text
+    row = next(line for line in text.splitlines() if line.startswith(f"| {cell.name} "))
+    assert row.startswith(f"| {cell.name} | 0.03M | 3 | {cell.length.steps} | 0.048 | 1 |")
+    assert row.split("|")[8].strip() not in ("-", "")  # the backward passes of gpa
     assert (tmp_path / "README.md").read_text() == text
     assert (tmp_path / "gain_by_length.png").stat().st_size > 10_000 and (tmp_path / "gain_by_size.png").exists()
