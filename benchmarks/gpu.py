@@ -21,7 +21,9 @@ library with its tests, so no run reads a byte twice):
 4. ``quality``: the default against plain at the sweep's best rate (the lowest final loss of a curve that does not
    turn up), then at a third of it, 3 seeds alternating: backward passes and wall time to plain's final validation
    loss, and the loss at equal steps; no time to target where plain's curve turns up at its end.
-5. ``overheads_adamw``: stepping aside and jumping with torch's default AdamW (the user's default; every quiet step
+5. ``quality_gpa``, where ``GPA_ARM`` is on (always in the dry run): primal averaging (``predictor=gpa``) against the
+   same plain runs at the best rate, 3 seeds, right after the default's there.
+6. ``overheads_adamw``: stepping aside and jumping with torch's default AdamW (the user's default; every quiet step
    reads the guard to the host), when a call has room.
 
 The mechanics parts (``sync``, ``memory``, ``offload``, ``outer_memory``, ``fp16``, ``fsdp``) run when named.
@@ -69,6 +71,10 @@ PROFILE_STEPS, BUSY_START = 100, 45  # the profiled window: steps 45-65, a jump 
 SWEEP_RATES = (3e-4, 6e-4, 1.2e-3)  # plain's rates at 1,000 steps; GPT-2 small trains at 6e-4
 QUALITY_STEPS, QUALITY_SEEDS = 1000, 3
 QUALITY_RATES = (1.0, 1 / 3)  # factors of the sweep's best rate
+ARMS = {"default": [], "gpa": ["predictor=gpa"]}  # what runs against plain, by name: overrides
+# Primal averaging as a third arm at the best rate, on where the CPU grid's longest cell (the 0.44M char GPT at 25
+# tokens a parameter, benchmarks/results/scale) found it no worse than plain beyond plain nudged's range
+GPA_ARM = False
 # an H200's bf16 step at 85M, in seconds (host-paced: 2026-11-27), each run's start (model, the 16 MB corpus read
 # and hashed, Trainer) and the share validation adds: what the plan is estimated from
 STEP_S, RUN_START_S, VALIDATION = 0.027, 3.0, 1.2
@@ -98,13 +104,14 @@ def best_rate(runs: dict[str, Any]) -> float | None:
     return min(clean, key=lambda lr: clean[lr][-1] if math.isfinite(clean[lr][-1]) else math.inf)
 
 
-def _quality_keys(best: float, factor: float) -> list[str]:
+def _quality_keys(best: float, factor: float, arm: str = "default") -> list[str]:
     lr = best * factor
-    return [_key(lr, s, c) for s in range(QUALITY_SEEDS) for c in ("plain", "default")]
+    return [_key(lr, s, c) for s in range(QUALITY_SEEDS) for c in ("plain", arm)]
 
 
-def plan(done: dict[str, Any] | None = None) -> list[tuple[str, str, float]]:
-    """What is left to run, in order, with its estimated minutes on an H200: ``(part, what, minutes)``."""
+def plan(done: dict[str, Any] | None = None, gpa: bool = GPA_ARM) -> list[tuple[str, str, float]]:
+    """What is left to run, in order, with its estimated minutes on an H200: ``(part, what, minutes)``; ``gpa``:
+    with primal averaging's arm."""
     done = done or {}
     cells = done.get("overheads", {}).get("cells", {})
     runs = done.get("quality", {}).get("runs", {})
@@ -128,6 +135,10 @@ def plan(done: dict[str, Any] | None = None) -> list[tuple[str, str, float]]:
             if factor != 1.0:
                 rate = f"a third of {rate}" if best is None else f"{best * factor:.3g}, a third of {rate}"
             rows.append(("quality", f"85M at {rate}: plain and the default, 3 seeds", len(left) * RUN_MINUTES))
+        gpa_left = [k for k in _quality_keys(best or 1.0, 1.0, "gpa") if k not in runs and k.endswith("_gpa")]
+        if gpa and factor == 1.0 and gpa_left:
+            rate = "the sweep's best rate" if best is None else f"{best:.3g}"
+            rows.append(("quality_gpa", f"85M at {rate}: primal averaging (gpa), 3 seeds", len(gpa_left) * RUN_MINUTES))
     if _unfinished(cells.get("85M_adamw")):
         rows.append(("overheads_adamw", "85M, torch's AdamW: plain and 2 modes", _overhead_minutes("85M_adamw")))
     return rows
@@ -176,17 +187,26 @@ def quality(call: Call, record: dict[str, Any], save: Callable[[], None], rows: 
 
     def run(lr: float, seed: int, config: str) -> None:
         if _key(lr, seed, config) not in runs:
-            cfg = call.config("char_gpt_gpt2", steps, [f"model.lr={lr}"], seed)
-            runs[_key(lr, seed, config)] = fit(cfg, hybrid=config == "default").to_dict()
+            cfg = call.config("char_gpt_gpt2", steps, [f"model.lr={lr}", *ARMS.get(config, [])], seed)
+            runs[_key(lr, seed, config)] = fit(cfg, hybrid=config != "plain").to_dict()
             save()
 
     if "sweep" in rows:
         for lr in SWEEP_RATES:
             run(lr, 0, "plain")
     best = best_rate(runs)
-    for factor in QUALITY_RATES[: rows.count("quality")] if best is not None else ():
+    if best is None:
+        pending = []
+    else:  # the rates whose runs are not all in, as many as this call has rows for, in the plan's order
+        pending = [f for f in QUALITY_RATES if any(k not in runs for k in _quality_keys(best, f))]
+        pending = pending[: rows.count("quality")]
+    arms = {factor: ["default"] for factor in pending}
+    if best is not None and "quality_gpa" in rows:
+        arms.setdefault(1.0, []).append("gpa")  # after the default's runs at the best rate, if they run now
+        arms = dict(sorted(arms.items(), reverse=True))
+    for factor, names in arms.items():
         for seed in range(QUALITY_SEEDS):
-            for config in ("plain", "default"):
+            for config in ("plain", *names):
                 run(best * factor, seed, config)
     record["sweep"] = _sweep(runs)
     record["best_lr"] = best
@@ -210,26 +230,28 @@ def _comparisons(runs: dict[str, Any], best: float | None) -> dict[str, Any]:
     plain's final loss (``None`` where not reached; no figure where plain overfits), the loss at plain's last step
     over plain's final; medians over the seeds plain's final loss is a target in."""
     out = {}
-    for factor in QUALITY_RATES if best is not None else ():
-        if not all(k in runs for k in _quality_keys(best, factor)):
+    cells = [(factor, "default") for factor in QUALITY_RATES] + [(1.0, "gpa")]
+    for factor, arm in cells if best is not None else ():
+        if not all(k in runs for k in _quality_keys(best, factor, arm)):
             continue
         lr, seeds = best * factor, []
         for seed in range(QUALITY_SEEDS):
-            plain, other = (record_from(runs[_key(lr, seed, c)]) for c in ("plain", "default"))
+            plain, other = (record_from(runs[_key(lr, seed, c)]) for c in ("plain", arm))
             seeds.append(compare_seed(plain, other, plain.curve.points[-1].step))
         judged = [s for s in seeds if not s["overfitting"]]
         row: dict[str, Any] = {
+            "arm": arm,
             "overfitting": [s["overfitting"] for s in seeds],
             "plain_rise": [s["plain_rise"] for s in seeds],
             "loss_equal_steps": [s["loss_ratio_equal_steps"] for s in seeds],
-            "jumps_kept": [runs[_key(lr, s, "default")]["segments_started"] for s in range(QUALITY_SEEDS)],
+            "jumps_kept": [runs[_key(lr, s, arm)]["segments_started"] for s in range(QUALITY_SEEDS)],
         }
         for axis in ("backward", "wall_s"):
             row[f"{axis}_speedups"] = [s["to_target"][axis]["speedup"] for s in seeds]
             row[f"{axis}_median"] = (
                 median_over_seeds([s["to_target"][axis]["speedup"] for s in judged]) if judged else None
             )
-        out[f"lr{lr:.3g}"] = row
+        out[f"lr{lr:.3g}" + ("" if arm == "default" else f"_{arm}")] = row
     return out
 
 
@@ -241,7 +263,7 @@ def _write(path: Path, data: dict[str, Any]) -> None:
     write_atomic(path, json.dumps(data, indent=1, default=str))
 
 
-PARTS = ("overheads", "profile", "sweep", "quality", "overheads_adamw")  # the plan, in order
+PARTS = ("overheads", "profile", "sweep", "quality", "quality_gpa", "overheads_adamw")  # the plan, in order
 CHOICES = (*PARTS, *MECHANICS)
 FILES = ("mechanics", "overheads", "profile", "quality")
 
@@ -254,7 +276,7 @@ def run(parts: list[str], out: Path, budget_min: float, dry: bool) -> dict[str, 
     """The named mechanics parts, then the plan's rows this call has room for (every one, dry)."""
     out.mkdir(parents=True, exist_ok=True)
     done = {name: _load(out / f"{name}.json") for name in FILES}
-    rows = this_call([r for r in plan(done) if r[0] in parts], budget_min, dry)
+    rows = this_call([r for r in plan(done, GPA_ARM or dry) if r[0] in parts], budget_min, dry)
     with tempfile.TemporaryDirectory() as workdir:
         call = Call(out, dry, time.monotonic() + budget_min * 60, workdir)
         for part in (p for p in parts if p in MECHANICS):
@@ -356,13 +378,16 @@ def markdown(done: dict[str, Any]) -> str:
             lines.append(f"| {lr} | {row['final']:.4f} | {row['lowest']:.4f} | {turns} |")
         lines.append("")
     if quality_done.get("comparisons"):
-        lines += ["## Quality: plain's over the default's to plain's final loss (>1: the default sooner)", ""]
-        head = "| lr | backward passes | wall time | loss at equal steps, default/plain | plain overfits | jumps kept |"
-        lines += [head, "|---|---|---|---|---|---|"]
-        for lr, row in quality_done["comparisons"].items():
-            over = sum(row["overfitting"])
+        lines += ["## Quality: plain's over the arm's to plain's final loss (>1: the arm sooner)", ""]
+        head = (
+            "| lr | arm | backward passes | wall time | loss at equal steps, arm/plain | plain overfits | jumps kept |"
+        )
+        lines += [head, "|---|---|---|---|---|---|---|"]
+        for key, row in quality_done["comparisons"].items():
+            over, lr = sum(row["overfitting"]), key.split("_")[0]
             lines.append(
-                f"| {lr} | {seeds_cell(row['backward_speedups'])} | {seeds_cell(row['wall_s_speedups'])} | "
+                f"| {lr} | {row.get('arm', 'default')} | {seeds_cell(row['backward_speedups'])} | "
+                f"{seeds_cell(row['wall_s_speedups'])} | "
                 f"{seeds_cell(row['loss_equal_steps'], '.3f', '')} | {over} of {len(row['overfitting'])} | "
                 f"{row['jumps_kept']} |"
             )
@@ -381,7 +406,7 @@ def _short(result: dict[str, Any]) -> str:
 
 
 def plan_text(parts: list[str], budget_min: float, dry: bool = False, done: dict[str, Any] | None = None) -> str:
-    rows = [r for r in plan(done) if r[0] in parts]
+    rows = [r for r in plan(done, GPA_ARM or dry) if r[0] in parts]
     now = this_call(rows, budget_min, dry)
     lines = [
         f"plan ({'dry run, tiny sizes' if dry else 'estimated minutes on an H200'}; this call: the first {len(now)}):"

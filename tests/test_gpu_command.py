@@ -39,10 +39,12 @@ def test_the_dry_run_runs_every_part_and_a_second_call_resumes(tmp_path):
     assert set(record["sweep"]) == {f"{lr:.3g}" for lr in gpu.SWEEP_RATES}
     best = record["best_lr"]
     assert record["sweep"][f"{best:.3g}"]["final"] == min(row["final"] for row in record["sweep"].values())
-    # the sweep's runs, then both rates x 3 seeds x (plain, the default), plain's seed 0 at the best rate shared
-    assert len(record["runs"]) == len(gpu.SWEEP_RATES) + len(gpu.QUALITY_RATES) * gpu.QUALITY_SEEDS * 2 - 1
-    assert set(record["comparisons"]) == {f"lr{best * f:.3g}" for f in gpu.QUALITY_RATES}
+    # the sweep's runs, then both rates x 3 seeds x (plain, the default), plain's seed 0 at the best rate shared, and
+    # primal averaging's arm at the best rate against the same plain runs (rehearsed, whether GPA_ARM is on or not)
+    assert len(record["runs"]) == len(gpu.SWEEP_RATES) + len(gpu.QUALITY_RATES) * gpu.QUALITY_SEEDS * 2 - 1 + 3
+    assert set(record["comparisons"]) == {f"lr{best * f:.3g}" for f in gpu.QUALITY_RATES} | {f"lr{best:.3g}_gpa"}
     assert all(None not in row["loss_equal_steps"] for row in record["comparisons"].values())
+    assert record["comparisons"][f"lr{best:.3g}_gpa"]["arm"] == "gpa" and f"{best:.3g} | gpa |" in readme_of(tmp_path)
     run = next(iter(record["runs"].values()))
     assert run["data"]["passes"] <= 1 and len(run["data"]["sha256"]) == 64  # read once, and which bytes
     assert all("train_loss" in p for p in run["points"])
@@ -53,6 +55,10 @@ def test_the_dry_run_runs_every_part_and_a_second_call_resumes(tmp_path):
     again = gpu.run([*gpu.PARTS, *gpu.MECHANICS], tmp_path, budget_min=5, dry=True)
     assert {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("*.json")} == stamps  # nothing re-run
     assert again["quality"]["runs"] == done["quality"]["runs"]
+
+
+def readme_of(folder):
+    return (folder / "README.md").read_text()
 
 
 def _sweep_runs(finals: dict[float, list[float]]) -> dict[str, dict]:
@@ -85,6 +91,8 @@ def test_the_plan_is_printed_first_and_each_call_takes_what_fits_its_budget(caps
         f"85M at {best:.3g}: plain and the default, 3 seeds",
         f"85M at {best / 3:.3g}, a third of {best:.3g}: plain and the default, 3 seeds",
     ]
+    with_gpa = [what for _, what, _ in gpu.this_call(gpu.plan(done, gpa=True), gpu.BUDGET_MIN, dry=False)]
+    assert with_gpa[:2] == [second[0][1], f"85M at {best:.3g}: primal averaging (gpa), 3 seeds"]  # right after
     monkeypatch.setattr(gpu, "run", lambda *args: {name: {} for name in gpu.FILES})
     gpu.main(["--dry-run", "--out", "unused"])
     printed = capsys.readouterr().out
