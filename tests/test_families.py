@@ -129,8 +129,8 @@ def test_a_family_refuses_what_it_cannot_run_with_before_training():
 
 
 def test_the_built_in_families_are_registered_by_their_predictors():
-    assert {cls.family for cls in predictors.PREDICTORS.values()} == {"segments", "jumps"}
-    assert {"segments", "jumps"} <= set(FAMILIES)
+    assert {cls.family for cls in predictors.PREDICTORS.values()} == {"segments", "jumps", "averaging"}
+    assert {"segments", "jumps", "averaging"} <= set(FAMILIES)
 
 
 # ------------------------------------------------------------------------------------------------ no type branches

@@ -130,8 +130,8 @@ def test_the_floor_summary_names_every_cell_that_misses_it(monkeypatch):
     assert rows["| `search`"] == "| `search` | 1 | 1 | 0 | none | none |"
     nudged = rows["| `nudged` (control: plain at 1.001x the rate)"]
     assert nudged.endswith("| 1 | 0 | 1 | a at tuned: 1.00x, 1.010 | none |")
-    assert lrs._time_cell(found["c"]["outer"][0.1], "cpu_s") == "1.05x (1.00-1.10); plain overfits in 1 of 3"
-    assert lrs._time_cell(found["c"]["outer"][0.3], "cpu_s") == "none: plain overfits in 3 of 3"
+    assert lrs.time_cell(found["c"]["outer"][0.1], "cpu_s") == "1.05x (1.00-1.10); plain overfits in 1 of 3"
+    assert lrs.time_cell(found["c"]["outer"][0.3], "cpu_s") == "none: plain overfits in 3 of 3"
     assert set(rows) == {"| `outer`", "| `search`", "| `nudged` (control: plain at 1.001x the rate)"}
 
 

@@ -43,7 +43,7 @@ def test_max_predict_steps_zero_is_fine_when_prediction_is_off():
 
 
 def test_unknown_predictor_name():
-    known = "'linear', 'mlp', 'outer', 'rssm'"
+    known = "'gpa', 'linear', 'mlp', 'outer', 'rssm'"
     with pytest.raises(ValueError, match=rf"`predictor` must be one of {known}, got 'oracle'"):
         hybrid_callbacks(predictor="oracle")
     with pytest.raises(ValueError, match="'oracle'"):
