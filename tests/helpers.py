@@ -6,6 +6,7 @@ No test imports another test module (``tests/test_import_layers.py`` checks it):
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import subprocess
@@ -118,6 +119,18 @@ class RegressionModel(L.LightningModule):
             return opt
         sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.99)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+class NanAt(RegressionModel):
+    """Returns a NaN loss at the given global steps."""
+
+    def __init__(self, steps: set[int], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.nan_steps = set(steps)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        loss = super().training_step(batch, batch_idx)
+        return loss * math.nan if self.trainer.global_step in self.nan_steps else loss
 
 
 class MuonModel(RegressionModel):

@@ -11,7 +11,7 @@ from lightning_hybrid.algorithms import DivergenceCheck
 from lightning_hybrid.callbacks import DynamicsPredictor, HybridScheduler, ResidualCorrector
 from lightning_hybrid.config import HybridConfig
 from lightning_hybrid.predictors import LinearPredictor, Plan
-from tests.helpers import FAST_PHASES, RegressionModel, flat_params, hybrid_trainer, loader, phases, scheduler_of
+from tests.helpers import FAST_PHASES, NanAt, RegressionModel, flat_params, hybrid_trainer, loader, phases, scheduler_of
 
 
 class ScaledPredictor(LinearPredictor):
@@ -114,20 +114,6 @@ def test_invalid_plan_is_refused_before_touching_the_weights():
     assert scheduler.counters.invalid_plans == 3
     assert scheduler.counters.steps_by_phase["predict"] == 0
     assert torch.isfinite(flat_params(model)).all()
-
-
-class NanAt(RegressionModel):
-    """Returns a NaN loss at the given global steps (and optionally only while predicting)."""
-
-    def __init__(self, steps, **kwargs):
-        super().__init__(**kwargs)
-        self.nan_steps = set(steps)
-
-    def training_step(self, batch, batch_idx):
-        loss = super().training_step(batch, batch_idx)
-        if self.trainer.global_step in self.nan_steps:
-            return loss * math.nan
-        return loss
 
 
 class _Before(Callback):

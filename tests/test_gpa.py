@@ -11,7 +11,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning_hybrid import hybrid_callbacks
 from lightning_hybrid.engine.guard import StepGuard
 from lightning_hybrid.predictors import PrimalAveraging
-from tests.helpers import RegressionModel, flat_params, hybrid_trainer, loader, scheduler_of
+from tests.helpers import NanAt, RegressionModel, flat_params, hybrid_trainer, loader, scheduler_of
 
 MU_X, MU_Y, LR, DECAY = 0.9, 0.7, 1e-2, 0.01  # an average short enough to move within a test's steps
 
@@ -128,19 +128,9 @@ def test_a_checkpoint_holds_the_average_and_resumes_bitwise_in_every_phase(tmp_p
     assert scheduler_of(again).summary()["averaged_steps"] == scheduler_of(trainer).summary()["averaged_steps"] == 22
 
 
-class NanAt(AdamWRegression):
-    def __init__(self, steps, **kwargs):
-        super().__init__(**kwargs)
-        self.nan_steps = set(steps)
-
-    def training_step(self, batch, batch_idx):
-        loss = super().training_step(batch, batch_idx)
-        return loss * float("nan") if self.trainer.global_step in self.nan_steps else loss
-
-
 def test_a_skipped_step_leaves_every_sequence_as_it_was_on_the_host_and_on_the_device(monkeypatch):
     """A NaN loss at step 6: the weights, ``z`` and ``x`` after it are those before it, bitwise, whether the step
-    was read on the host or guarded on the device (a fused AdamW); the two runs end bitwise alike."""
+    was read on the host or guarded on the device (a fused Adam); the two runs end bitwise alike."""
 
     def run():
         watch = Watch()
