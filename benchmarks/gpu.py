@@ -2,29 +2,29 @@
 plan's parts in order while they fit the call's budget, writes each result as soon as it ends, and a later call
 resumes from those results (a run already recorded is never run again).
 
-    python -m benchmarks.gpu                       # the plan: the first call about 5 minutes, the second about 6.5
+    python -m benchmarks.gpu                       # the plan's first call, about 5 minutes (6.5 with gpa's arm)
+    python -m benchmarks.gpu --budget-min 5        # the second, about 5
     python -m benchmarks.gpu --parts sync memory   # the mechanics checks, by name
     python -m benchmarks.gpu --dry-run             # on the CPU at tiny sizes: the suite runs it so it cannot rot
 
 The plan, on the 85M GPT-2-shaped character GPT in bf16 with fused AdamW (``char_gpt_gpt2``: 16 MB of the standard
-library with its tests, so no run reads a byte twice):
+library with its tests, so no run reads a byte twice), the decisive figure first:
 
-1. ``overheads``: plain Lightning and the default stepping aside, jumping every 20 steps (its state on the device,
-   the default) and the same with the state in host memory, alternating in this process, 5 rounds of 200 steps:
-   the steady step's wall time over plain's, with a clock that synchronises only where its window starts and ends
-   (the host runs ahead of the device, as in a user's run).
-2. ``profile``: the default jumping every 20 steps, each cycle's end and each jump timed alone (synchronised) and
+1. ``sweep``: plain at 3 rates, 1,000 steps, cosine over the run, seed 0.
+2. ``quality``: the default against plain at the sweep's best rate (the lowest final loss of a curve that does not
+   turn up), 3 seeds alternating (plain's seed 0 is the sweep's run): backward passes and wall time to plain's final
+   validation loss, and the loss at equal steps; no time to target where plain's curve turns up at its end.
+3. ``quality_gpa``, where ``GPA_ARM`` is on (always in the dry run): primal averaging (``predictor=gpa``) against the
+   same plain runs at the best rate, 3 seeds.
+4. ``profile``: the default jumping every 20 steps, each cycle's end and each jump timed alone (synchronised) and
    counted (operations, host reads), with the state on the device and on the host; and 20 steps profiled with
    torch.profiler: the GPU's busy share of a step (kernel time against wall time), which says whether the host or
    the GPU sets the pace.
-3. ``sweep``: plain at 3 rates, 1,000 steps, cosine over the run, seed 0.
-4. ``quality``: the default against plain at the sweep's best rate (the lowest final loss of a curve that does not
-   turn up), then at a third of it, 3 seeds alternating: backward passes and wall time to plain's final validation
-   loss, and the loss at equal steps; no time to target where plain's curve turns up at its end.
-5. ``quality_gpa``, where ``GPA_ARM`` is on (always in the dry run): primal averaging (``predictor=gpa``) against the
-   same plain runs at the best rate, 3 seeds, right after the default's there.
-6. ``overheads_adamw``: stepping aside and jumping with torch's default AdamW (the user's default; every quiet step
-   reads the guard to the host), when a call has room.
+5. ``quality`` at a third of the best rate, as at it.
+6. ``overheads``: plain Lightning and the default stepping aside and jumping every 20 steps, alternating in this
+   process, 3 rounds of 200 steps: the steady step's wall time over plain's, with a clock that synchronises only
+   where its window starts and ends (the host runs ahead of the device, as in a user's run); then
+   ``overheads_adamw``, the same with torch's default AdamW (every quiet step reads the guard to the host).
 
 The mechanics parts (``sync``, ``memory``, ``offload``, ``outer_memory``, ``fp16``, ``fsdp``) run when named.
 Results in ``--out`` (default ``benchmarks/results/gpu/<date>``): ``overheads.json``, ``profile.json``,
@@ -59,14 +59,14 @@ ASIDE += ["model.warmup_steps=10"]  # as JUMPING: the rate stops rising before t
 OVERHEAD_MODES = {
     "default_aside": ASIDE,  # no cycle judged: no jump, the cost of the steps between jumps
     "default_jumping": JUMPING,  # a jump every cycle, the rule's state on the device (the default)
-    "default_jumping_on_host": [*JUMPING, "predictor.state_on_host=true"],  # what the copies in and out cost
 }
 # cell -> (overrides of every run, plain's included; modes)
-OVERHEAD_CELLS = {
-    "85M": ([], tuple(OVERHEAD_MODES)),
-    "85M_adamw": (["model.fused=false"], ("default_aside", "default_jumping")),  # torch's default AdamW
+OVERHEAD_CELLS = {"85M": ([], tuple(OVERHEAD_MODES)), "85M_adamw": (["model.fused=false"], tuple(OVERHEAD_MODES))}
+OVERHEAD_WHAT = {
+    "85M": "85M: plain, the default stepping aside and jumping every 20 steps, 3 rounds",
+    "85M_adamw": "85M, torch's AdamW: the same",
 }
-OVERHEAD_ROUNDS, OVERHEAD_STEPS = 5, 200  # 200: eight jumps, at steps 61, 81, ...
+OVERHEAD_ROUNDS, OVERHEAD_STEPS = 3, 200  # 200: eight jumps, at steps 61, 81, ...
 PROFILE_STEPS, BUSY_START = 100, 45  # the profiled window: steps 45-65, a jump (step 61) in it
 SWEEP_RATES = (3e-4, 6e-4, 1.2e-3)  # plain's rates at 1,000 steps; GPT-2 small trains at 6e-4
 QUALITY_STEPS, QUALITY_SEEDS = 1000, 3
@@ -78,7 +78,7 @@ GPA_ARM = False
 # an H200's bf16 step at 85M, in seconds (host-paced: 2026-11-27), each run's start (model, the 16 MB corpus read
 # and hashed, Trainer) and the share validation adds: what the plan is estimated from
 STEP_S, RUN_START_S, VALIDATION = 0.027, 3.0, 1.2
-BUDGET_MIN = 7.5  # a call's share of the device: its parts start while their estimates fit in it
+BUDGET_MIN = 6.5  # the first call's share of the device (the second's: --budget-min 5): parts start while they fit
 RUN_MINUTES = (RUN_START_S + QUALITY_STEPS * STEP_S * VALIDATION) / 60
 
 
@@ -109,39 +109,45 @@ def _quality_keys(best: float, factor: float, arm: str = "default") -> list[str]
     return [_key(lr, s, c) for s in range(QUALITY_SEEDS) for c in ("plain", arm)]
 
 
+def _quality_row(best: float | None, factor: float, arm: str, runs: dict[str, Any]) -> tuple[str, str, float] | None:
+    """The row of an arm against plain at a factor of the best rate, with the runs it has left (``None``: none)."""
+    keys = _quality_keys(best if best is not None else 1.0, factor, arm)
+    left = [k for k in keys if k not in runs and (arm == "default" or k.endswith(arm))]
+    if factor == 1.0 and best is None and arm == "default":
+        left = left[1:]  # plain's seed 0 at the best rate is the sweep's run
+    if not left:
+        return None
+    rate = "the sweep's best rate" if best is None else f"{best:.3g}"
+    if factor != 1.0:
+        rate = f"a third of {rate}" if best is None else f"{best * factor:.3g}, a third of {rate}"
+    what = "plain and the default" if arm == "default" else "primal averaging (gpa)"
+    return (
+        "quality" if arm == "default" else f"quality_{arm}",
+        f"85M at {rate}: {what}, 3 seeds",
+        len(left) * RUN_MINUTES,
+    )
+
+
 def plan(done: dict[str, Any] | None = None, gpa: bool = GPA_ARM) -> list[tuple[str, str, float]]:
-    """What is left to run, in order, with its estimated minutes on an H200: ``(part, what, minutes)``; ``gpa``:
-    with primal averaging's arm."""
+    """What is left to run, the decisive figure first, with its estimated minutes on an H200: ``(part, what,
+    minutes)``; ``gpa``: with primal averaging's arm."""
     done = done or {}
     cells = done.get("overheads", {}).get("cells", {})
     runs = done.get("quality", {}).get("runs", {})
     rows = []
-    if _unfinished(cells.get("85M")):
-        rows.append(("overheads", "85M: plain and 3 modes, 5 rounds of 200 steps", _overhead_minutes("85M")))
-    if _unfinished(done.get("profile", {}).get("result")):
-        rows.append(("profile", "85M: cycle ends and jumps timed and counted; 20 steps profiled", PROFILE_MINUTES))
     sweep = [lr for lr in SWEEP_RATES if _key(lr, 0, "plain") not in runs]
     if sweep:
         rates = ", ".join(f"{lr:.3g}" for lr in sweep)
         rows.append(("sweep", f"85M plain at {rates}: 1,000 steps, seed 0", len(sweep) * RUN_MINUTES))
     best = best_rate(runs)
-    for factor in QUALITY_RATES:
-        keys = _quality_keys(best, factor) if best is not None else []
-        left = [k for k in keys if k not in runs] if best is not None else _quality_keys(1.0, factor)
-        if factor == 1.0 and best is None:
-            left = left[1:]  # plain's seed 0 at the best rate is the sweep's run
-        if left:
-            rate = "the sweep's best rate" if best is None else f"{best:.3g}"
-            if factor != 1.0:
-                rate = f"a third of {rate}" if best is None else f"{best * factor:.3g}, a third of {rate}"
-            rows.append(("quality", f"85M at {rate}: plain and the default, 3 seeds", len(left) * RUN_MINUTES))
-        gpa_left = [k for k in _quality_keys(best or 1.0, 1.0, "gpa") if k not in runs and k.endswith("_gpa")]
-        if gpa and factor == 1.0 and gpa_left:
-            rate = "the sweep's best rate" if best is None else f"{best:.3g}"
-            rows.append(("quality_gpa", f"85M at {rate}: primal averaging (gpa), 3 seeds", len(gpa_left) * RUN_MINUTES))
-    if _unfinished(cells.get("85M_adamw")):
-        rows.append(("overheads_adamw", "85M, torch's AdamW: plain and 2 modes", _overhead_minutes("85M_adamw")))
-    return rows
+    rows += [_quality_row(best, 1.0, "default", runs), _quality_row(best, 1.0, "gpa", runs) if gpa else None]
+    if _unfinished(done.get("profile", {}).get("result")):
+        rows.append(("profile", "85M: cycle ends and jumps timed and counted; 20 steps profiled", PROFILE_MINUTES))
+    rows.append(_quality_row(best, QUALITY_RATES[1], "default", runs))
+    for part, cell in (("overheads", "85M"), ("overheads_adamw", "85M_adamw")):
+        if _unfinished(cells.get(cell)):
+            rows.append((part, OVERHEAD_WHAT[cell], _overhead_minutes(cell)))
+    return [row for row in rows if row is not None]
 
 
 def this_call(rows: list[tuple[str, str, float]], budget_min: float, dry: bool) -> list[tuple[str, str, float]]:
