@@ -33,13 +33,11 @@ def why_not_resumable(loader: Any) -> str | None:
     if not isinstance(loader, _Stateful):
         return f"the training loader ({name}) has no state_dict/load_state_dict, so a resume starts its epoch over"
     samplers = (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None))
-    wrapped = next((s for s in samplers if isinstance(s, DistributedSamplerWrapper)), None)
-    if wrapped is not None:
-        inner = type(wrapped.dataset._sampler).__name__
+    if any(isinstance(s, DistributedSamplerWrapper) for s in samplers):
         return (
-            f"Lightning wrapped the training loader's sampler ({inner}) in a DistributedSamplerWrapper for the "
-            f"ranks, which draws each epoch's order anew from this process's random state: the {name}'s saved "
-            "place points into another order on resume"
+            "Lightning wrapped the training loader's own sampler in a DistributedSamplerWrapper for the ranks, "
+            f"which draws each epoch's order anew from this process's random state: the {name}'s saved place "
+            "points into another order on resume"
         )
     return None
 
