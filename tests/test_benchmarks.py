@@ -345,3 +345,14 @@ def test_the_muon_task_counts_its_steps_in_batches(tmp_path):
     record = fit(cfg, hybrid=False)
     assert record.steps == 6 and [p.step for p in record.curve.points] == [3, 6]
     assert [p.backward for p in record.curve.points] == [3, 6]
+
+
+def test_the_gpa_cost_driver_counts_times_and_estimates_on_a_tiny_model():
+    """``python -m benchmarks.gpa_cost`` on a char GPT of a few thousand parameters (its figures mean nothing)."""
+    from benchmarks import gpa_cost
+
+    result = gpa_cost.measure(repeats=2, shape=(1, 32, 2), cpu_sizes={"tiny": (1, 32, 2)})
+    assert (result["ops"], result["foreach_ops"], result["host_reads"]) == (8, 7, 0)
+    assert result["bytes_moved"] == sum(gpa_cost.TRAFFIC) * result["state_bytes"] // 2
+    assert result["on_the_cpu"]["tiny"]["averaging_over_step"]["median"] > 0
+    assert "of a plain training step's CPU time" in gpa_cost.to_markdown(result)
