@@ -26,27 +26,32 @@ DEFAULT = "outer_norm_restart_res"  # the default's configuration name in the le
 
 
 # -- the paired scale grid (benchmarks/scale.py) -------------------------------------------------------------------
-def _gain(cell: scale.Cell, axis: str, config: str = "default") -> str:
-    figures = scale.cell_figures(cell)
-    values = [s[axis] for s in (figures or {}).get(config, [])]
-    return seeds_cell(values) if values else "not measured yet"
+def _median(cell: scale.Cell, key: str, config: str, fmt: str, suffix: str = "") -> str:
+    values = [s[key] for s in (scale.cell_figures(cell) or {}).get(config, [])]
+    middle = median_over_seeds(values) if values else None
+    return "not reached" if middle is None else f"{middle:{fmt}}{suffix}"
 
 
 def scale_status() -> str:
-    """The README's status in the grid's figures: the longest run and the largest model, the control beside each."""
+    """The README's status in the grid's figures, medians over seeds (the table gives the ranges): the longest run
+    and the largest model, plain nudged beside each."""
     said = []
     for cell, where in (
-        (scale.Cell("0.44M", 25.0), "at 25 tokens a parameter on the 0.44M GPT"),
-        (scale.Cell("3.3M", scale.SHARED_LENGTH), f"at {scale.SHARED_LENGTH:g} on the 3.3M GPT"),
+        (scale.Cell("0.44M", 25.0), "at 25 tokens a parameter (0.44M)"),
+        (scale.Cell("3.3M", scale.SHARED_LENGTH), f"at {scale.SHARED_LENGTH:g} (3.3M)"),
     ):
         if not (scale.cell_figures(cell) or {}).get("default"):
             said.append(f"{where}, not measured yet")
             continue
-        said.append(
-            f"{where}, {_gain(cell, 'backward')} in backward passes and {_gain(cell, 'cpu_s')} in CPU time (plain "
-            f"nudged: {_gain(cell, 'backward', 'nudged')} and {_gain(cell, 'cpu_s', 'nudged')})"
-        )
-    text = "plain's time to its final validation loss over the default's (>1: sooner), " + "; ".join(said) + "."
+        figures = [
+            [_median(cell, a, c, ".2f", "x") for a in ("backward", "cpu_s")] + [_median(cell, "loss", c, ".3f")]
+            for c in ("default", "nudged")
+        ]
+        said.append(f"{where}, {', '.join(figures[0])} (plain nudged: {', '.join(figures[1])})")
+    text = (
+        "plain's backward passes and CPU time to its final validation loss over the default's (>1: sooner), and the "
+        "default's loss at equal steps over plain's, medians: " + "; ".join(said) + "."
+    )
     return textwrap.fill(text, 118) + "\n"
 
 
