@@ -31,7 +31,7 @@ def test_the_readmes_results_and_status_are_written_from_the_files():
     results = readme.split("## What to expect at your scale", 1)[1].split("\n## ", 1)[0]
     assert "<!-- record: scale-table -->" in results and not COUNT.findall(_outside_regions(results))
     assert not [line for line in _outside_regions(results).splitlines() if line.startswith("|")]
-    status = readme.split("**Status.**", 1)[1].split("\n\n", 1)[0]
+    status = readme.split("**Status**", 1)[1].split("\n\n", 1)[0]
     assert "<!-- record: scale-status -->" in status and not COUNT.findall(_outside_regions(status))
     assert not COUNT.findall(_outside_regions(readme))  # Lightning's tests too
 
