@@ -247,10 +247,10 @@ def grid_table(grid: str) -> str:
 def cells_table(cells: list[Cell]) -> str:
     """For each cell, plain's time to its final loss over the default's, primal averaging's (``gpa``) and the nudged
     control's (medians, ranges over seeds, each against the plain run of its own block), the loss at plain's last
-    step over plain's, and the default's jumps in each seed."""
+    step over plain's (the control's beside, as its noise floor), and the default's jumps in each seed."""
     shown = ("default", "gpa", "nudged")
     heads = [f"{label}: {'nudged plain' if c == 'nudged' else c}" for label in AXES.values() for c in shown]
-    heads += ["loss at equal steps: default", "gpa", "the default's jumps kept of made (undone)"]
+    heads += ["loss at equal steps: default", "gpa", "nudged plain", "the default's jumps kept of made (undone)"]
     lines = ["| cell | parameters | tokens a parameter | steps | rate | seeds | " + " | ".join(heads) + " |"]
     lines.append("|---" * (6 + len(heads)) + "|")
     for cell in cells:
@@ -261,7 +261,7 @@ def cells_table(cells: list[Cell]) -> str:
             continue
         over = sum(s["overfit"] for s in f["default"])
         gains = [_cell([s[a] for s in f[c]]) for a in AXES for c in shown]
-        losses = [_cell([s["loss"] for s in f[c]], ".3f", "") for c in ("default", "gpa")]
+        losses = [_cell([s["loss"] for s in f[c]], ".3f", "") for c in shown]
         jumps = "; ".join(f"{s['kept']} of {s['made']} ({s['undone']})" for s in f["default"])
         seeds = f"{len(f['default'])}" + (f" (plain overfits in {over})" if over else "")
         lines.append(f"{head} {f['lr']:.3g} | {seeds} | " + " | ".join([*gains, *losses, jumps]) + " |")
