@@ -3,17 +3,18 @@
     python -m benchmarks.scale run length     # the 0.44M char GPT at 1.5, 6 and 25 tokens per parameter
     python -m benchmarks.scale run size       # 0.44M, 1.2M and 3.3M parameters at 1.5 tokens per parameter
     python -m benchmarks.scale run length --block gpa            # primal averaging beside plain, in blocks of its own
-    python -m benchmarks.scale run size --block gpa --sizes 3.3M
+    python -m benchmarks.scale run size --block gpa --cells 3.3M_1.5tpp
     python -m benchmarks.scale report         # results/scale/README.md and its two plots
 
 A cell is a model size trained for a number of tokens per parameter (2,048 byte tokens a step) on the standard
 library with its tests, which no run reads twice. Its learning rate is plain's best final validation loss in a sweep
 at the cell's own length (seed 0, cosine over the run, rates a factor of 2 apart, widened until the best lies inside).
 Each seed is then one block, run in one process, one torch thread: plain, the default, and plain nudged to 1.001x the
-rate (the noise floor: what chaos alone does to plain). The default and the control may train 1.5x plain's steps to
-reach its final loss. Primal averaging (``gpa``) runs in blocks of its own, plain then ``gpa``, each compared with its
-own block's plain. A block's file is rewritten as each of its runs ends; a block another process left unfinished
-is run again whole, so that every figure compares runs of one process on one host.
+rate (the noise floor: what chaos alone does to plain). Validation costs about a tenth of training. The default and
+the control may train 1.5x plain's steps to reach its final loss. Primal averaging (``gpa``) runs in blocks of its
+own, plain then ``gpa``, each compared with its own block's plain. A block's file is rewritten as each of its runs
+ends; a block another process left unfinished is run again whole, so that every figure compares runs of one process
+on one host.
 """
 
 from __future__ import annotations
@@ -82,7 +83,14 @@ class Cell:
     @property
     def length(self) -> Length:
         every = max(1, round(self.tokens_per_param * self.params / TOKENS_PER_STEP / 20))
-        return Length(20 * every, every, 10, self.name)  # validated 20 times, the last at its last step
+        return Length(20 * every, every, val_batches(20 * every), self.name)  # validated 20 times, the last at its end
+
+
+def val_batches(steps: int) -> int:
+    """Validation batches for a run of ``steps``: a tenth of training's cost (20 validations, a forward about a third
+    of a step), at least 10. Ten batches (20 KB of one or two files) swung the 0.44M curve by 1% between validations
+    at the end of 25 tokens a parameter, as much as the effect to be measured."""
+    return max(10, round(0.1 * steps * 3 / 20))
 
 
 @functools.cache
@@ -109,7 +117,8 @@ def _fit(cell: Cell, lr: float, seed: int, config: str, workdir: str, baseline: 
         stop = baseline_target(baseline, spec)
     record = fit(cfg, hybrid=config in HYBRID_CONFIGS, stop=stop)
     print(f"{cell.name} lr {lr:.3g} seed {seed} {config}: final val loss {record.curve.losses[-1]:.4f}", flush=True)
-    return {"config": config, "trained_lr": lr * factor, **_stamp(), **record.to_dict()}
+    figures = {"config": config, "trained_lr": lr * factor, "val_batches": spec.val_batches}
+    return {**figures, **_stamp(), **record.to_dict()}
 
 
 def _read(path: Path) -> dict[str, Any] | None:
@@ -172,11 +181,11 @@ def block(cell: Cell, seed: int, lr: float, workdir: str, configs: tuple[str, ..
             _write(path, done)
 
 
-def run(grid: str, seeds: int = SEEDS, name: str = "default", sizes: tuple[str, ...] | None = None) -> None:
-    """The grid's cells (of ``sizes``) with blocks of ``BLOCKS[name]``, the costliest cell first: the smallest is in
-    both grids, run by whichever comes to it first."""
+def run(grid: str, seeds: int = SEEDS, name: str = "default", only: tuple[str, ...] | None = None) -> None:
+    """The grid's cells (those named in ``only``) with blocks of ``BLOCKS[name]``, the costliest cell first: the
+    smallest is in both grids, run by whichever comes to it first."""
     configs = BLOCKS[name]
-    cells = [c for c in (Cell(*c) for c in GRIDS[grid]) if sizes is None or c.size in sizes]
+    cells = [c for c in (Cell(*c) for c in GRIDS[grid]) if only is None or c.name in only]
     with tempfile.TemporaryDirectory() as workdir:
         for cell in sorted(cells, key=lambda c: c.params**2 * c.tokens_per_param)[::-1]:
             if all(_complete(cell, seed, configs) for seed in range(seeds)):
@@ -229,6 +238,7 @@ def cell_figures(cell: Cell) -> dict[str, Any] | None:
     sweep_losses = {float(lr): r["points"][-1]["val_loss"] for lr, r in sweep_file["runs"].items()}
     return {
         "sweep": dict(sorted(sweep_losses.items())),
+        "sweep_val_batches": ", ".join(sorted({str(r.get("val_batches", 10)) for r in sweep_file["runs"].values()})),
         "lr": blocks["default"][0]["lr"] if blocks["default"] else None,
         **figures,
         "plain_lowest_at": lowest,
@@ -315,7 +325,8 @@ def sweeps() -> str:
         if f is not None:
             finals = ", ".join(f"{lr:.3g}: {loss:.4f}" for lr, loss in f["sweep"].items())
             low = ", ".join(map(str, f["plain_lowest_at"])) or "-"
-            lines.append(f"- {cell.name} ({cell.length.steps} steps): {finals}; plain lowest at steps {low}")
+            head = f"{cell.name} ({cell.length.steps} steps, validated on {f['sweep_val_batches']} batches)"
+            lines.append(f"- {head}: {finals}; plain lowest at steps {low}")
     return "\n".join(lines) or "No sweep yet."
 
 
@@ -344,11 +355,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--block", choices=tuple(BLOCKS), default="default", help="run: what each seed runs beside plain"
     )
-    parser.add_argument("--sizes", nargs="+", choices=tuple(SIZES), help="run: the cells' sizes (default: all)")
+    names = tuple(dict.fromkeys(Cell(*c).name for cells in GRIDS.values() for c in cells))
+    parser.add_argument("--cells", nargs="+", choices=names, help="run: these of the grid's cells (default: all)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.action == "run":
-        run(args.grid, args.seeds, args.block, args.sizes and tuple(args.sizes))
+        run(args.grid, args.seeds, args.block, args.cells and tuple(args.cells))
     else:
         print(report())
 

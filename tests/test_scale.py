@@ -35,8 +35,13 @@ def test_a_cell_sweeps_then_pairs_each_seeds_runs_in_one_process_and_resumes(sca
     assert block["runs"]["plain"] == sweep["0.048"] and len(fits) == 5  # seed 0's plain: the sweep's run
     assert [block["runs"][c]["trained_lr"] for c in ("default", "nudged")] == [0.048, 0.048 * 1.001]
     assert all(r["process"] == scale.PROCESS and r["data"]["passes"] < 1 for r in block["runs"].values())
+    assert {r["val_batches"] for r in block["runs"].values()} == {cell.length.val_batches}
     scale.run("length", seeds=1)
     assert len(fits) == 5  # a finished grid trains nothing
+    scale.block_path(cell, 0).unlink()
+    scale.run("length", seeds=1, only=("0.44M_25tpp",))
+    assert len(fits) == 5 and not scale.block_path(cell, 0).exists()  # a cell not named is left alone
+    scale.block_path(cell, 0).write_text(json.dumps(block))
 
     elsewhere = {**scale.PROCESS, "pid": -1}  # another process made the sweep and stopped after the block's plain
     swept = json.loads(sweep_file.read_text())
@@ -59,4 +64,5 @@ def test_a_cell_sweeps_then_pairs_each_seeds_runs_in_one_process_and_resumes(sca
     assert row.startswith(f"| {cell.name} | 0.03M | 3 | {cell.length.steps} | 0.048 | 1 |")
     assert row.split("|")[8].strip() not in ("-", "")  # the backward passes of gpa
     assert (tmp_path / "README.md").read_text() == text
+    assert f"- {cell.name} ({cell.length.steps} steps, validated on {cell.length.val_batches} batches): " in text
     assert (tmp_path / "gain_by_length.png").stat().st_size > 10_000 and (tmp_path / "gain_by_size.png").exists()
