@@ -35,19 +35,30 @@ def _median(cell: scale.Cell, key: str, config: str, fmt: str, suffix: str = "")
 def scale_status() -> str:
     """The README's status in the grid's figures, medians over seeds (the table gives the ranges): the longest run
     and the largest model, plain nudged beside each."""
+
+    def seeds(cell: scale.Cell) -> int:
+        return len((scale.cell_figures(cell) or {}).get("default", []))
+
     said = []
+    sizes = [scale.Cell(size, scale.SHARED_LENGTH) for size in scale.SIZES]
+    largest = next((c for c in sizes[::-1] if seeds(c)), sizes[-1])
     for cell, where in (
-        (scale.Cell("0.44M", 25.0), "at 25 tokens a parameter (0.44M)"),
-        (scale.Cell("3.3M", scale.SHARED_LENGTH), f"at {scale.SHARED_LENGTH:g} (3.3M)"),
+        (scale.Cell("0.44M", 25.0), "at 25 tokens a parameter (0.44M"),
+        (largest, f"at {scale.SHARED_LENGTH:g} ({largest.size}"),
     ):
-        if not (scale.cell_figures(cell) or {}).get("default"):
-            said.append(f"{where}, not measured yet")
+        if not seeds(cell):
+            said.append(f"{where}), not measured yet")
             continue
         figures = [
             [_median(cell, a, c, ".2f", "x") for a in ("backward", "cpu_s")] + [_median(cell, "loss", c, ".3f")]
             for c in ("default", "nudged")
         ]
-        said.append(f"{where}, {', '.join(figures[0])} (plain nudged: {', '.join(figures[1])})")
+        n = seeds(cell)
+        said.append(
+            f"{where}, {n} seed{'s' * (n != 1)}), {', '.join(figures[0])} (plain nudged: {', '.join(figures[1])})"
+        )
+    if largest != sizes[-1]:
+        said.append(f"at {sizes[-1].size}, not measured yet")
     text = (
         "plain's backward passes and CPU time to its final validation loss over the default's (>1: sooner), and the "
         "default's loss at equal steps over plain's, medians: " + "; ".join(said) + "."
