@@ -66,6 +66,44 @@ def scale_status() -> str:
     return textwrap.fill(text, 118) + "\n"
 
 
+def scale_verdict() -> str:
+    """Where each rule's median lies against plain nudged's range over seeds (the noise floor), cell by cell: above it
+    is a gain chaos alone did not give, inside it is none measured."""
+    cells = sorted(
+        dict.fromkeys(scale.Cell(size, t) for grid in scale.GRIDS.values() for size, t in grid),
+        key=lambda c: (c.params, c.tokens_per_param),
+    )
+    lines = []
+    for config in ("default", "gpa"):
+        for key, better, what in (
+            ("backward", 1, "backward passes to plain's final loss"),
+            ("loss", -1, "loss at equal steps"),
+        ):
+            where: dict[str, list[str]] = {"better than all of it": [], "inside it": [], "worse than all of it": []}
+            for cell in cells:
+                f = scale.cell_figures(cell) or {}
+                mine = [s[key] for s in f.get(config, []) if s[key] is not None]
+                floor = [s[key] for s in f.get("nudged", []) if s[key] is not None]
+                if not mine or not floor:
+                    continue
+                middle = median_over_seeds(mine) * better
+                low, high = sorted((min(floor) * better, max(floor) * better))
+                side = (
+                    "better than all of it"
+                    if middle > high
+                    else "worse than all of it"
+                    if middle < low
+                    else "inside it"
+                )
+                where[side].append(cell.name)
+            said = [f"{side} at {', '.join(names)}" for side, names in where.items() if names]
+            if said:
+                line = f"- `{config}`, {what}: " + "; ".join(said) + "."
+                lines.append(textwrap.fill(line, 118, subsequent_indent="  "))
+    text = "Each rule's median against plain nudged's range over seeds (better than all of it: more than chaos gave):\n"
+    return text + ("\n".join(lines) or "- nothing measured yet.") + "\n"
+
+
 def scale_table() -> str:
     cells = dict.fromkeys(scale.Cell(size, t) for grid in scale.GRIDS.values() for size, t in grid)
     return scale.cells_table(sorted(cells, key=lambda c: (c.params, c.tokens_per_param))) + "\n"
@@ -181,6 +219,7 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "lightning-tests": lightning_tests,
     "scale-status": scale_status,
     "scale-table": scale_table,
+    "scale-verdict": scale_verdict,
     "scale-sweeps": scale_sweeps,
     "lrs-default": lrs_default,
     "lrs-pairs": lrs_pairs,

@@ -29,7 +29,7 @@ def test_no_table_or_count_of_the_record_is_written_by_hand():
 def test_the_readmes_results_and_status_are_written_from_the_files():
     readme = README.read_text()
     results = readme.split("## What to expect at your scale", 1)[1].split("\n## ", 1)[0]
-    assert "<!-- record: scale-table -->" in results and not COUNT.findall(_outside_regions(results))
+    assert "<!-- record: scale-verdict -->" in results and not COUNT.findall(_outside_regions(results))
     assert not [line for line in _outside_regions(results).splitlines() if line.startswith("|")]
     status = readme.split("**Status**", 1)[1].split("\n\n", 1)[0]
     assert "<!-- record: scale-status -->" in status and not COUNT.findall(_outside_regions(status))
@@ -45,3 +45,32 @@ def test_a_region_is_rewritten_and_one_naming_no_generator_is_refused():
     assert written(again, {}) == again and set(GENERATORS) >= {"scale-table", "scale-status", "lrs-default"}
     with pytest.raises(KeyError, match="names no generator: 'made-up'"):
         written("<!-- record: made-up -->\n<!-- /record -->\n", {})
+
+
+def test_the_verdict_sets_each_rules_median_against_the_nudged_controls_range(monkeypatch):
+    from benchmarks import record, scale
+
+    def seeds(backward: list[float], loss: list[float]) -> list[dict]:
+        return [{"backward": b, "loss": v} for b, v in zip(backward, loss)]
+
+    figures = {  # the first cell: a gain beyond chaos; the second: inside it in steps, and a worse loss
+        "0.44M_25tpp": {
+            "default": seeds([1.1, 1.2, 1.05], [0.99, 0.98, 0.99]),
+            "nudged": seeds([0.9, 1.0, 1.04], [1.0] * 3),
+        },
+        "1.2M_1.5tpp": {
+            "default": seeds([1.0, 1.1, 0.9], [1.02, 1.03, 1.01]),
+            "nudged": seeds([0.8, 1.2, 1.0], [0.99] * 3),
+        },
+    }
+    monkeypatch.setattr(scale, "cell_figures", lambda cell: figures.get(cell.name))
+    text = record.scale_verdict()
+    assert (
+        "- `default`, backward passes to plain's final loss: better than all of it at 0.44M_25tpp; inside it at "
+        "1.2M_1.5tpp." in text
+    )
+    assert (
+        "- `default`, loss at equal steps: better than all of it at 0.44M_25tpp; worse than all of it at "
+        "1.2M_1.5tpp." in text
+    )
+    assert "`gpa`" not in text  # no block of it: nothing said
