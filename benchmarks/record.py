@@ -66,42 +66,65 @@ def scale_status() -> str:
     return textwrap.fill(text, 118) + "\n"
 
 
+SCALE_AXES = {"backward": (1, "backward passes to plain's final loss"), "loss": (-1, "loss at equal steps")}
+SIDES = ("better than all of it", "inside it", "worse than all of it")
+
+
+def _scale_cells() -> list[scale.Cell]:
+    cells = dict.fromkeys(scale.Cell(size, t) for grid in scale.GRIDS.values() for size, t in grid)
+    return sorted(cells, key=lambda c: (c.params, c.tokens_per_param))
+
+
+def _against_floor(cell: scale.Cell, config: str, key: str) -> tuple[str, list[float], list[float]] | None:
+    """Where ``config``'s median of ``key`` lies against plain nudged's range in ``cell`` (one of ``SIDES``), with
+    both sets of values (a seed that never reached plain's final loss: ``None``, the slowest; a seed where plain
+    overfits: left out); ``None`` where either has none."""
+    f = scale.cell_figures(cell) or {}
+
+    def values(of: str) -> list[float | None]:
+        return [s[key] for s in f.get(of, []) if not s["overfit"] and (key == "backward" or s[key] is not None)]
+
+    mine, floor = values(config), values("nudged")
+    if not mine or not floor:
+        return None
+    better = SCALE_AXES[key][0]
+    middle = (median_over_seeds(mine) or 0.0) * better  # half or more never reached it: slower than any
+    low, high = sorted((min(v or 0.0 for v in floor) * better, max(v or 0.0 for v in floor) * better))
+    return SIDES[0] if middle > high else SIDES[2] if middle < low else SIDES[1], mine, floor
+
+
 def scale_verdict() -> str:
     """Where each rule's median lies against plain nudged's range over seeds (the noise floor), cell by cell: above it
     is a gain chaos alone did not give, inside it is none measured."""
-    cells = sorted(
-        dict.fromkeys(scale.Cell(size, t) for grid in scale.GRIDS.values() for size, t in grid),
-        key=lambda c: (c.params, c.tokens_per_param),
-    )
     lines = []
     for config in ("default", "gpa"):
-        for key, better, what in (
-            ("backward", 1, "backward passes to plain's final loss"),
-            ("loss", -1, "loss at equal steps"),
-        ):
-            where: dict[str, list[str]] = {"better than all of it": [], "inside it": [], "worse than all of it": []}
-            for cell in cells:
-                f = scale.cell_figures(cell) or {}
-                mine = [s[key] for s in f.get(config, []) if s[key] is not None]
-                floor = [s[key] for s in f.get("nudged", []) if s[key] is not None]
-                if not mine or not floor:
-                    continue
-                middle = median_over_seeds(mine) * better
-                low, high = sorted((min(floor) * better, max(floor) * better))
-                side = (
-                    "better than all of it"
-                    if middle > high
-                    else "worse than all of it"
-                    if middle < low
-                    else "inside it"
-                )
-                where[side].append(cell.name)
+        for key, (_, what) in SCALE_AXES.items():
+            where: dict[str, list[str]] = {side: [] for side in SIDES}
+            for cell in _scale_cells():
+                if found := _against_floor(cell, config, key):
+                    where[found[0]].append(cell.name)
             said = [f"{side} at {', '.join(names)}" for side, names in where.items() if names]
             if said:
                 line = f"- `{config}`, {what}: " + "; ".join(said) + "."
                 lines.append(textwrap.fill(line, 118, subsequent_indent="  "))
     text = "Each rule's median against plain nudged's range over seeds (better than all of it: more than chaos gave):\n"
     return text + ("\n".join(lines) or "- nothing measured yet.") + "\n"
+
+
+def scale_lost() -> str:
+    """The record's "what lost" from the grid: each cell where a rule's median is worse than all of plain nudged's
+    range, with the figures (medians, ranges over seeds)."""
+    lines = []
+    for config in ("default", "gpa"):
+        for cell in _scale_cells():
+            for key, (_, what) in SCALE_AXES.items():
+                found = _against_floor(cell, config, key)
+                if found and found[0] == SIDES[2]:
+                    fmt, suffix = (".2f", "x") if key == "backward" else (".3f", "")
+                    mine, floor = (seeds_cell(v, fmt, suffix) for v in found[1:])
+                    line = f"- `{config}` at {cell.name}, {what}: {mine}; plain nudged {floor}."
+                    lines.append(textwrap.fill(line, 118, subsequent_indent="  "))
+    return "\n".join(lines or ["- Nothing on the grid yet."]) + "\n"
 
 
 def scale_table() -> str:
@@ -220,6 +243,7 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "scale-status": scale_status,
     "scale-table": scale_table,
     "scale-verdict": scale_verdict,
+    "scale-lost": scale_lost,
     "scale-sweeps": scale_sweeps,
     "lrs-default": lrs_default,
     "lrs-pairs": lrs_pairs,

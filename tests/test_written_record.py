@@ -51,7 +51,7 @@ def test_the_verdict_sets_each_rules_median_against_the_nudged_controls_range(mo
     from benchmarks import record, scale
 
     def seeds(backward: list[float], loss: list[float]) -> list[dict]:
-        return [{"backward": b, "loss": v} for b, v in zip(backward, loss)]
+        return [{"backward": b, "loss": v, "overfit": False} for b, v in zip(backward, loss)]
 
     figures = {  # the first cell: a gain beyond chaos; the second: inside it in steps, and a worse loss
         "0.44M_25tpp": {
@@ -61,6 +61,7 @@ def test_the_verdict_sets_each_rules_median_against_the_nudged_controls_range(mo
         "1.2M_1.5tpp": {
             "default": seeds([1.0, 1.1, 0.9], [1.02, 1.03, 1.01]),
             "nudged": seeds([0.8, 1.2, 1.0], [0.99] * 3),
+            "gpa": seeds([None, None, 1.3], [1.0] * 3),  # two seeds never at plain's final loss: the slowest
         },
     }
     monkeypatch.setattr(scale, "cell_figures", lambda cell: figures.get(cell.name))
@@ -73,4 +74,11 @@ def test_the_verdict_sets_each_rules_median_against_the_nudged_controls_range(mo
         "- `default`, loss at equal steps: better than all of it at 0.44M_25tpp; worse than all of it at "
         "1.2M_1.5tpp." in text
     )
-    assert "`gpa`" not in text  # no block of it: nothing said
+    assert "- `gpa`, backward passes to plain's final loss: worse than all of it at 1.2M_1.5tpp." in text
+    assert "0.44M_25tpp" not in text.split("`gpa`", 1)[1]  # no block of it there: nothing said
+    assert record.scale_lost() == (
+        "- `default` at 1.2M_1.5tpp, loss at equal steps: 1.020 (1.010-1.030); plain nudged 0.990 (0.990-0.990).\n"
+        "- `gpa` at 1.2M_1.5tpp, backward passes to plain's final loss: not reached in 2 of 3; plain nudged 1.00x "
+        "(0.80-1.20).\n"
+        "- `gpa` at 1.2M_1.5tpp, loss at equal steps: 1.000 (1.000-1.000); plain nudged 0.990 (0.990-0.990).\n"
+    )
