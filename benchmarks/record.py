@@ -66,6 +66,7 @@ def scale_status() -> str:
     return textwrap.fill(text, 118) + "\n"
 
 
+RULES = ("default", "gpa", "gpa_scaled")  # the grid's rules, each judged against plain nudged
 SCALE_AXES = {"backward": (1, "backward passes to plain's final loss"), "loss": (-1, "loss at equal steps")}
 SIDES = ("better than all of it", "inside it", "worse than all of it")
 
@@ -97,7 +98,7 @@ def scale_verdict() -> str:
     """Where each rule's median lies against plain nudged's range over seeds (the noise floor), cell by cell: above it
     is a gain chaos alone did not give, inside it is none measured."""
     lines = []
-    for config in ("default", "gpa"):
+    for config in RULES:
         for key, (_, what) in SCALE_AXES.items():
             where: dict[str, list[str]] = {side: [] for side in SIDES}
             for cell in _scale_cells():
@@ -115,7 +116,7 @@ def scale_lost() -> str:
     """The record's "what lost" from the grid: each cell where a rule's median is worse than all of plain nudged's
     range, with the figures (medians, ranges over seeds)."""
     lines = []
-    for config in ("default", "gpa"):
+    for config in RULES:
         for cell in _scale_cells():
             for key, (_, what) in SCALE_AXES.items():
                 found = _against_floor(cell, config, key)

@@ -4,6 +4,7 @@
     python -m benchmarks.scale run size       # 0.44M, 1.2M and 3.3M parameters at 1.5 tokens per parameter
     python -m benchmarks.scale run length --block gpa            # primal averaging beside plain, in blocks of its own
     python -m benchmarks.scale run size --block gpa --cells 3.3M_1.5tpp
+    python -m benchmarks.scale run length --block gpa_scaled     # its average's window scaled to the run's length
     python -m benchmarks.scale report         # results/scale/README.md and its two plots
 
 A cell is a model size trained for a number of tokens per parameter (2,048 byte tokens a step) on the standard
@@ -50,9 +51,25 @@ GRIDS = {
 }
 SEEDS = 3
 # configuration -> (overrides, the rate's factor); the hybrid ones run with the plugin
-CONFIGS = {"default": ([], 1.0), "nudged": ([], 1.001), "gpa": (["predictor=gpa"], 1.0)}
-HYBRID_CONFIGS = ("default", "gpa")
-BLOCKS = {"default": ("default", "nudged"), "gpa": ("gpa",)}  # what a seed's block runs after plain, by name
+CONFIGS = {
+    "default": ([], 1.0),
+    "nudged": ([], 1.001),
+    "gpa": (["predictor=gpa"], 1.0),
+    "gpa_scaled": (["predictor=gpa"], 1.0),
+}
+HYBRID_CONFIGS = ("default", "gpa", "gpa_scaled")
+BLOCKS = {"default": ("default", "nudged"), "gpa": ("gpa",), "gpa_scaled": ("gpa_scaled",)}  # after plain, by name
+# gpa_scaled: primal averaging with its average's window (1 / (1 - mu_x) steps) the share of the run that the
+# published mu_x (0.9967: 303 steps) is of the 25-token cell's 5,740 steps, where it was no worse than plain
+GPA_WINDOW_SHARE = 1 / (1 - 0.9967) / 5740
+
+
+def overrides_of(cell: Cell, config: str) -> tuple[list[str], float]:
+    """``config``'s overrides in ``cell`` and its rate's factor."""
+    overrides, factor = CONFIGS.get(config, ([], 1.0))
+    if config == "gpa_scaled":
+        overrides = [*overrides, f"predictor.mu_x={1 - 1 / (GPA_WINDOW_SHARE * cell.length.steps):.6f}"]
+    return overrides, factor
 
 
 def _now() -> str:
@@ -107,7 +124,7 @@ def _stamp() -> dict[str, Any]:
 def _fit(cell: Cell, lr: float, seed: int, config: str, workdir: str, baseline: Record | None) -> dict[str, Any]:
     """One run of the cell at ``lr`` (``config``: plain, or a configuration against ``baseline``), as its file holds
     it."""
-    overrides, factor = CONFIGS.get(config, ([], 1.0))
+    overrides, factor = overrides_of(cell, config)
     spec = cell.length
     cfg = compose_run(TASK, spec, seed, [*cell.overrides, f"model.lr={lr * factor}", *overrides], workdir)
     stop = None
@@ -258,9 +275,9 @@ def cells_table(cells: list[Cell]) -> str:
     """For each cell, plain's time to its final loss over the default's, primal averaging's (``gpa``) and the nudged
     control's (medians, ranges over seeds, each against the plain run of its own block), the loss at plain's last
     step over plain's (the control's beside, as its noise floor), and the default's jumps in each seed."""
-    shown = ("default", "gpa", "nudged")
+    shown = ("default", *(c for c in BLOCKS if c.startswith("gpa")), "nudged")
     heads = [f"{label}: {'nudged plain' if c == 'nudged' else c}" for label in AXES.values() for c in shown]
-    heads += ["loss at equal steps: default", "gpa", "nudged plain", "the default's jumps kept of made (undone)"]
+    heads += ["loss at equal steps: default", *shown[1:-1], "nudged plain", "the default's jumps kept of made (undone)"]
     lines = ["| cell | parameters | tokens a parameter | steps | rate | seeds | " + " | ".join(heads) + " |"]
     lines.append("|---" * (6 + len(heads)) + "|")
     for cell in cells:
@@ -289,7 +306,12 @@ def plot(grid: str, path: Path) -> None:
     xs = [c.tokens_per_param if grid == "length" else c.params / 1e6 for c in cells]
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True)
     for ax, (axis, label) in zip(axes, AXES.items()):
-        styles = {"default": {"marker": "o"}, "gpa": {"marker": "^"}, "nudged": {"marker": "s", "linestyle": ":"}}
+        styles = {
+            "default": {"marker": "o"},
+            "gpa": {"marker": "^"},
+            "gpa_scaled": {"marker": "v"},
+            "nudged": {"marker": "s", "linestyle": ":"},
+        }
         for config, style in styles.items():
             points = []
             for x, cell in zip(xs, cells):

@@ -66,3 +66,19 @@ def test_a_cell_sweeps_then_pairs_each_seeds_runs_in_one_process_and_resumes(sca
     assert (tmp_path / "README.md").read_text() == text
     assert f"- {cell.name} ({cell.length.steps} steps, validated on {cell.length.val_batches} batches): " in text
     assert (tmp_path / "gain_by_length.png").stat().st_size > 10_000 and (tmp_path / "gain_by_size.png").exists()
+
+
+def test_scaled_primal_averaging_keeps_the_published_window_where_it_was_measured_and_scales_it_with_the_run():
+    from benchmarks import scale
+    from lightning_hybrid.predictors.gpa import PrimalAveraging
+
+    def window(cell: scale.Cell) -> float:
+        overrides, _ = scale.overrides_of(cell, "gpa_scaled")
+        mu_x = float(overrides[-1].removeprefix("predictor.mu_x="))
+        assert overrides[0] == "predictor=gpa" and PrimalAveraging(mu_x=mu_x).mu_x == mu_x
+        return 1 / (1 - mu_x)
+
+    longest, shorter = scale.Cell("0.44M", 25.0), scale.Cell("0.44M", 6.0)
+    assert window(longest) == pytest.approx(1 / (1 - 0.9967), rel=1e-3)
+    assert window(shorter) / window(longest) == pytest.approx(shorter.length.steps / longest.length.steps, rel=1e-3)
+    assert scale.overrides_of(longest, "gpa") == (["predictor=gpa"], 1.0)
