@@ -64,11 +64,16 @@ BLOCKS = {"default": ("default", "nudged"), "gpa": ("gpa",), "gpa_scaled": ("gpa
 GPA_WINDOW_SHARE = 1 / (1 - 0.9967) / 5740
 
 
+def gpa_mu_x(steps: int) -> float:
+    """Primal averaging's ``mu_x`` for a run of ``steps``, its window scaled as ``gpa_scaled`` scales it."""
+    return round(1 - 1 / (GPA_WINDOW_SHARE * steps), 6)
+
+
 def overrides_of(cell: Cell, config: str) -> tuple[list[str], float]:
     """``config``'s overrides in ``cell`` and its rate's factor."""
     overrides, factor = CONFIGS.get(config, ([], 1.0))
     if config == "gpa_scaled":
-        overrides = [*overrides, f"predictor.mu_x={1 - 1 / (GPA_WINDOW_SHARE * cell.length.steps):.6f}"]
+        overrides = [*overrides, f"predictor.mu_x={gpa_mu_x(cell.length.steps):.6f}"]
     return overrides, factor
 
 
