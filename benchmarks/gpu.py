@@ -49,10 +49,19 @@ import torch
 
 from benchmarks.curves import overfits
 from benchmarks.gpu_mechanics import CUDA, MECHANICS, TINY_GPT, Call
-from benchmarks.harness import RESULTS, against_plain, compare_seed, fit, gpt_config, machine, record_from, write_atomic
+from benchmarks.harness import (
+    RESULTS,
+    against_plain,
+    compare_seed,
+    fit,
+    gpa_mu_x,
+    gpt_config,
+    machine,
+    record_from,
+    write_atomic,
+)
 from benchmarks.jump_cost import JUMPING, SMALL_GPT2, BusyWindow, measure
 from benchmarks.report import median_over_seeds, seeds_cell
-from benchmarks.scale import gpa_mu_x
 
 # -- the plan's parts and their estimates ---------------------------------------------------------------------------
 ASIDE = ["predictor=outer", "predictor.verify_resolution=1e-12", "hybrid.warmup_steps=20", "hybrid.full_steps=20"]

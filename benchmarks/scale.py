@@ -35,7 +35,17 @@ import torch
 from omegaconf import open_dict
 
 from benchmarks.curves import overfits, time_to_target
-from benchmarks.harness import RESULTS, Record, baseline_target, fit, machine, record_from, warm_up, write_atomic
+from benchmarks.harness import (
+    RESULTS,
+    Record,
+    baseline_target,
+    fit,
+    gpa_mu_x,
+    machine,
+    record_from,
+    warm_up,
+    write_atomic,
+)
 from benchmarks.report import median_over_seeds, seeds_cell
 from benchmarks.tasks import Length, compose_run, hybrid_steps, trainer_steps
 
@@ -59,14 +69,7 @@ CONFIGS = {
 }
 HYBRID_CONFIGS = ("default", "gpa", "gpa_scaled")
 BLOCKS = {"default": ("default", "nudged"), "gpa": ("gpa",), "gpa_scaled": ("gpa_scaled",)}  # after plain, by name
-# gpa_scaled: primal averaging with its average's window (1 / (1 - mu_x) steps) the share of the run that the
-# published mu_x (0.9967: 303 steps) is of the 25-token cell's 5,740 steps, where it was no worse than plain
-GPA_WINDOW_SHARE = 1 / (1 - 0.9967) / 5740
-
-
-def gpa_mu_x(steps: int) -> float:
-    """Primal averaging's ``mu_x`` for a run of ``steps``, its window scaled as ``gpa_scaled`` scales it."""
-    return round(1 - 1 / (GPA_WINDOW_SHARE * steps), 6)
+# gpa_scaled: primal averaging, its window scaled to the run (harness.gpa_mu_x)
 
 
 def overrides_of(cell: Cell, config: str) -> tuple[list[str], float]:
