@@ -72,8 +72,7 @@ SIDES = ("better than all of it", "inside it", "worse than all of it")
 
 
 def _scale_cells() -> list[scale.Cell]:
-    cells = dict.fromkeys(scale.Cell(size, t) for grid in scale.GRIDS.values() for size, t in grid)
-    return sorted(cells, key=lambda c: (c.params, c.tokens_per_param))
+    return sorted(scale.every_cell(), key=lambda c: (c.params, c.tokens_per_param))
 
 
 def _against_floor(cell: scale.Cell, config: str, key: str) -> tuple[str, list[float], list[float]] | None:
@@ -129,8 +128,7 @@ def scale_lost() -> str:
 
 
 def scale_table() -> str:
-    cells = dict.fromkeys(scale.Cell(size, t) for grid in scale.GRIDS.values() for size, t in grid)
-    return scale.cells_table(sorted(cells, key=lambda c: (c.params, c.tokens_per_param))) + "\n"
+    return scale.cells_table(_scale_cells()) + "\n"
 
 
 def scale_sweeps() -> str:

@@ -118,6 +118,11 @@ def val_batches(steps: int) -> int:
     return max(10, round(0.1 * steps * 3 / 20))
 
 
+def every_cell() -> list[Cell]:
+    """The cells of both grids, each once (the smallest is in both), in the grids' order."""
+    return list(dict.fromkeys(Cell(size, tokens) for cells in GRIDS.values() for size, tokens in cells))
+
+
 @functools.cache
 def parameters(layers: int, width: int, heads: int) -> int:
     from lightning_hybrid.demos.char_gpt import CharGPT
@@ -350,7 +355,7 @@ def sweeps() -> str:
     """Each cell's sweep (seed 0, final validation loss by rate), and where each seed's plain curve was lowest: a
     curve lowest before its end would void the cell's time to target (none is given where it rose over 1%)."""
     lines = []
-    for cell in dict.fromkeys(Cell(s, t) for cells in GRIDS.values() for s, t in cells):
+    for cell in every_cell():
         f = cell_figures(cell)
         if f is not None:
             finals = ", ".join(f"{lr:.3g}: {loss:.4f}" for lr, loss in f["sweep"].items())
@@ -385,7 +390,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--block", choices=tuple(BLOCKS), default="default", help="run: what each seed runs beside plain"
     )
-    names = tuple(dict.fromkeys(Cell(*c).name for cells in GRIDS.values() for c in cells))
+    names = tuple(cell.name for cell in every_cell())
     parser.add_argument("--cells", nargs="+", choices=names, help="run: these of the grid's cells (default: all)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
