@@ -3,7 +3,7 @@
     python -m benchmarks.scale run length     # the 0.44M char GPT at 1.5, 6 and 25 tokens per parameter
     python -m benchmarks.scale run size       # 0.44M, 1.2M and 3.3M parameters at 1.5 tokens per parameter
     python -m benchmarks.scale run length --block gpa            # primal averaging beside plain, in blocks of its own
-    python -m benchmarks.scale run size --block gpa --cells 3.3M_1.5tpp
+    python -m benchmarks.scale run size --block gpa --cells 3.3M_1.5tpp --seeds 0   # one process a seed, side by side
     python -m benchmarks.scale run length --block gpa_scaled     # its average's window scaled to the run's length
     python -m benchmarks.scale report         # results/scale/README.md and its two plots
 
@@ -211,18 +211,21 @@ def block(cell: Cell, seed: int, lr: float, workdir: str, configs: tuple[str, ..
             _write(path, done)
 
 
-def run(grid: str, seeds: int = SEEDS, name: str = "default", only: tuple[str, ...] | None = None) -> None:
-    """The grid's cells (those named in ``only``) with blocks of ``BLOCKS[name]``, the costliest cell first: the
-    smallest is in both grids, run by whichever comes to it first."""
+def run(
+    grid: str, seeds: tuple[int, ...] = tuple(range(SEEDS)), name: str = "default", only: tuple[str, ...] | None = None
+) -> None:
+    """The grid's cells (those named in ``only``) with blocks of ``BLOCKS[name]`` for ``seeds``, the costliest cell
+    first: the smallest is in both grids, run by whichever comes to it first. Two processes share a cell's seeds
+    by naming different ones."""
     configs = BLOCKS[name]
     cells = [c for c in (Cell(*c) for c in GRIDS[grid]) if only is None or c.name in only]
     with tempfile.TemporaryDirectory() as workdir:
         for cell in sorted(cells, key=lambda c: c.params**2 * c.tokens_per_param)[::-1]:
-            if all(_complete(cell, seed, configs) for seed in range(seeds)):
+            if all(_complete(cell, seed, configs) for seed in seeds):
                 continue
             warm_up(TASK, cell.length, cell.overrides, workdir)
             lr = sweep(cell, workdir)
-            for seed in range(seeds):
+            for seed in seeds:
                 block(cell, seed, lr, workdir, configs)
 
 
@@ -386,7 +389,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("action", choices=("run", "report"))
     parser.add_argument("grid", nargs="?", choices=tuple(GRIDS), help="run: the grid")
-    parser.add_argument("--seeds", type=int, default=SEEDS)
+    parser.add_argument(
+        "--seeds", nargs="+", type=int, choices=range(SEEDS), default=tuple(range(SEEDS)), help="run: these seeds"
+    )
     parser.add_argument(
         "--block", choices=tuple(BLOCKS), default="default", help="run: what each seed runs beside plain"
     )
@@ -395,7 +400,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.action == "run":
-        run(args.grid, args.seeds, args.block, args.cells and tuple(args.cells))
+        run(args.grid, tuple(args.seeds), args.block, args.cells and tuple(args.cells))
     else:
         print(report())
 

@@ -26,7 +26,7 @@ def scale(tmp_path, monkeypatch):
 def test_a_cell_sweeps_then_pairs_each_seeds_runs_in_one_process_and_resumes(scale, tmp_path, monkeypatch):
     cell, fits, fit = scale.Cell("tiny", 3.0), [], scale.fit
     monkeypatch.setattr(scale, "fit", lambda *args, **kwargs: fits.append(kwargs["hybrid"]) or fit(*args, **kwargs))
-    scale.run("length", seeds=1)
+    scale.run("length", seeds=(0,))
     sweep_file = tmp_path / cell.name / "sweep.json"
     sweep = json.loads(sweep_file.read_text())["runs"]
     block = json.loads(scale.block_path(cell, 0).read_text())
@@ -36,10 +36,10 @@ def test_a_cell_sweeps_then_pairs_each_seeds_runs_in_one_process_and_resumes(sca
     assert [block["runs"][c]["trained_lr"] for c in ("default", "nudged")] == [0.048, 0.048 * 1.001]
     assert all(r["process"] == scale.PROCESS and r["data"]["passes"] < 1 for r in block["runs"].values())
     assert {r["val_batches"] for r in block["runs"].values()} == {cell.length.val_batches}
-    scale.run("length", seeds=1)
+    scale.run("length", seeds=(0,))
     assert len(fits) == 5  # a finished grid trains nothing
     scale.block_path(cell, 0).unlink()
-    scale.run("length", seeds=1, only=("0.44M_25tpp",))
+    scale.run("length", seeds=(0,), only=("0.44M_25tpp",))
     assert len(fits) == 5 and not scale.block_path(cell, 0).exists()  # a cell not named is left alone
     scale.block_path(cell, 0).write_text(json.dumps(block))
 
@@ -49,12 +49,12 @@ def test_a_cell_sweeps_then_pairs_each_seeds_runs_in_one_process_and_resumes(sca
     sweep_file.write_text(json.dumps(swept))
     left = {**block, "process": elsewhere, "runs": {"plain": swept["runs"]["0.048"]}}
     scale.block_path(cell, 0).write_text(json.dumps(left))
-    scale.run("length", seeds=1)
+    scale.run("length", seeds=(0,))
     again = json.loads(scale.block_path(cell, 0).read_text())
     assert fits[5:] == [False, True, False]  # plain again, then the default and the control, in this process
     assert again["process"] == scale.PROCESS and again["runs"]["plain"]["process"] == scale.PROCESS
 
-    scale.run("length", seeds=1, name="gpa")  # primal averaging, in a block of its own beside a plain run again
+    scale.run("length", seeds=(0,), name="gpa")  # primal averaging, in a block of its own beside a plain run again
     gpa = json.loads(scale.block_path(cell, 0, ("gpa",)).read_text())
     assert set(gpa["runs"]) == {"plain", "gpa"} and fits[-2:] == [False, True]
     assert gpa["runs"]["gpa"]["trained_lr"] == 0.048 and gpa["process"] == scale.PROCESS
