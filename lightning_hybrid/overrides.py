@@ -47,8 +47,8 @@ def group_options(group: str, config_dirs: Sequence[Path] = ()) -> list[str] | N
 
 def misplaced(args: Sequence[str]) -> str | None:
     """The message for the first override that sets a key the ``hybrid`` or ``predictor`` group does not have, or
-    names an option no config group has, or ``None``. Overrides that do not parse are left to Hydra, which names
-    them."""
+    names an option no config group has or ``null`` (which Hydra refuses with a traceback: ``~group`` drops one),
+    or ``None``. Overrides that do not parse are left to Hydra, which names them."""
     overrides, dirs = _overrides_and_config_dirs(args)
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
@@ -59,8 +59,11 @@ def misplaced(args: Sequence[str]) -> str | None:
     chosen = next((o.value() for o in parsed if o.key_or_group == "predictor" and isinstance(o.value(), str)), None)
     for override in parsed:
         value, name = override.value(), override.key_or_group.lstrip("+")
-        options = None if "." in name or "/" in name or not isinstance(value, str) else group_options(name, dirs)
-        if options is not None and value not in options:
+        options = None if "." in name or "/" in name or override.is_delete() else group_options(name, dirs)
+        if options is not None and value is None:
+            listed = ", ".join(options)
+            return f"`{name}=null` picks no config: drop the {name} group with `~{name}`, or pick one of {listed}"
+        if options is not None and isinstance(value, str) and value not in options:
             listed = ", ".join(options)
             return f"`{name}={value}` is no config of the {name} group: one of {listed}{did_you_mean(value, options)}"
         group, _, key = override.key_or_group.partition(".")

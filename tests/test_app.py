@@ -312,6 +312,7 @@ def test_console_script_trains_and_rejects_a_bad_key(tmp_path):
         ),
         ("hybrid.decay=0.5", "use predictor.decay=... with predictor=linear"),
         ("predictor=mpl", "`predictor=mpl` is no config of the predictor group: one of gpa, linear, mlp, outer, rssm;"),
+        ("logger=null", "`logger=null` picks no config: drop the logger group with `~logger`, or pick one of csv,"),
     ],
 )
 def test_a_misplaced_or_misspelt_setting_is_refused_before_hydra_composes(tmp_path, override, said):
