@@ -29,6 +29,7 @@ OUT = RESULTS / "gpa_cost"
 # parameter lists each operation of ``PrimalAveraging.average`` reads and writes: add (p, z -> p), add (p, x -> p),
 # mul (p -> p), add (z, p -> z), lerp (x, z -> x), copy (z -> p), lerp (p, x -> p)
 TRAFFIC = (3, 3, 2, 3, 3, 2, 3)
+FLOOR = 6  # lists any averaging step moves, however fused: it reads and writes the parameters, z and x once each
 H200_BANDWIDTH = 4.8e12  # bytes a second, the H200's HBM3e as NVIDIA states it
 PLAIN_STEP_85M = (0.0232, 0.0286)  # seconds, plain's steady step at 85M on one H200 (gpu/2026-11-27, 3 rounds)
 CPU_SIZES = {"0.44M": (2, 128, 4), "1.1M": (4, 144, 4)}  # layers, width, heads of the char GPT
@@ -132,6 +133,10 @@ def to_markdown(r: dict) -> str:
         f"- Bytes it moves: {r['bytes_moved'] / 1e9:.2f} GB a step; at an H200's {H200_BANDWIDTH / 1e12:.1f} TB/s, "
         f"at least {r['h200_seconds_at_bandwidth'] * 1e3:.2f} ms: {low:.1%}-{high:.1%} of plain's 85M step there "
         "(the aim: at most 1%).\n"
+        f"- The floor, for any implementation that keeps z and x in the parameters' precision (one kernel reading and "
+        f"writing the parameters, z and x once): {FLOOR / sum(TRAFFIC) * low:.1%}-{FLOOR / sum(TRAFFIC) * high:.1%} of "
+        "that step, so the 1% aim is out of reach at 85M on one H200; these fused eager operations move "
+        f"{sum(TRAFFIC) / FLOOR:.1f}x the floor.\n"
         + "".join(
             f"- On the CPU, the char GPT at {size} ({c['parameters'] / 1e6:.2f}M parameters): the averaging step takes "
             f"{c['averaging_over_step']['median']:.1%} ({c['averaging_over_step']['min']:.1%}-"
