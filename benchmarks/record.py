@@ -94,21 +94,20 @@ def _against_floor(cell: scale.Cell, config: str, key: str) -> tuple[str, list[f
 
 
 def scale_verdict() -> str:
-    """Where each rule's median lies against plain nudged's range over seeds (the noise floor), cell by cell: above it
-    is a gain chaos alone did not give, inside it is none measured."""
-    lines = []
+    """Where each rule's median lies against plain nudged's range over seeds (the noise floor), cell by cell, as one
+    table: above it is a gain chaos alone did not give, inside it is none measured."""
+    cells = _scale_cells()
+    rows = []
     for config in RULES:
         for key, (_, what) in SCALE_AXES.items():
-            where: dict[str, list[str]] = {side: [] for side in SIDES}
-            for cell in _scale_cells():
-                if found := _against_floor(cell, config, key):
-                    where[found[0]].append(cell.name)
-            said = [f"{side} at {', '.join(names)}" for side, names in where.items() if names]
-            if said:
-                line = f"- `{config}`, {what}: " + "; ".join(said) + "."
-                lines.append(textwrap.fill(line, 118, subsequent_indent="  "))
-    text = "Each rule's median against plain nudged's range over seeds (better than all of it: more than chaos gave):\n"
-    return text + ("\n".join(lines) or "- nothing measured yet.") + "\n"
+            found = [_against_floor(cell, config, key) for cell in cells]
+            if any(found):
+                sides = [f[0].split()[0] if f else "-" for f in found]  # better, inside, worse
+                rows.append(f"| `{config}`, {what} | " + " | ".join(sides) + " |")
+    if not rows:
+        return "Nothing measured yet.\n"
+    head = "| each rule's median against plain nudged's range | " + " | ".join(c.name for c in cells) + " |"
+    return "\n".join([head, "|---" * (len(cells) + 1) + "|", *rows]) + "\n"
 
 
 def scale_lost() -> str:

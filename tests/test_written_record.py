@@ -66,16 +66,14 @@ def test_the_verdict_sets_each_rules_median_against_the_nudged_controls_range(mo
     }
     monkeypatch.setattr(scale, "cell_figures", lambda cell: figures.get(cell.name))
     text = record.scale_verdict()
-    assert (
-        "- `default`, backward passes to plain's final loss: better than all of it at 0.44M_25tpp; inside it at "
-        "1.2M_1.5tpp." in text
+    cells = "0.44M_1.5tpp | 0.44M_6tpp | 0.44M_25tpp | 1.2M_1.5tpp | 3.3M_1.5tpp"
+    assert text.startswith(
+        f"| each rule's median against plain nudged's range | {cells} |\n|---|---|---|---|---|---|\n"
     )
-    assert (
-        "- `default`, loss at equal steps: better than all of it at 0.44M_25tpp; worse than all of it at "
-        "1.2M_1.5tpp." in text
-    )
-    assert "- `gpa`, backward passes to plain's final loss: worse than all of it at 1.2M_1.5tpp." in text
-    assert "0.44M_25tpp" not in text.split("`gpa`", 1)[1]  # no block of it there: nothing said
+    assert "| `default`, backward passes to plain's final loss | - | - | better | inside | - |" in text
+    assert "| `default`, loss at equal steps | - | - | better | worse | - |" in text
+    assert "| `gpa`, backward passes to plain's final loss | - | - | - | worse | - |" in text  # no block of it at 25
+    assert "gpa_scaled" not in text  # no block of it anywhere: no row
     assert record.scale_lost() == (
         "- `default` at 1.2M_1.5tpp, loss at equal steps: 1.020 (1.010-1.030); plain nudged 0.990 (0.990-0.990).\n"
         "- `gpa` at 1.2M_1.5tpp, backward passes to plain's final loss: not reached in 2 of 3; plain nudged 1.00x "
