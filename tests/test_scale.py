@@ -82,3 +82,17 @@ def test_scaled_primal_averaging_keeps_the_published_window_where_it_was_measure
     assert window(longest) == pytest.approx(1 / (1 - 0.9967), rel=1e-3)
     assert window(shorter) / window(longest) == pytest.approx(shorter.length.steps / longest.length.steps, rel=1e-3)
     assert scale.overrides_of(longest, "gpa") == (["predictor=gpa"], 1.0)
+
+
+def test_the_command_runs_the_seeds_it_names_and_refuses_one_outside_the_grid(monkeypatch, capsys):
+    """Two processes share a cell by naming different seeds: each runs only its own blocks."""
+    from benchmarks import scale
+
+    ran = []
+    monkeypatch.setattr(scale, "run", lambda grid, seeds, name, only: ran.append((grid, seeds, name, only)))
+    scale.main(["run", "size", "--cells", "3.3M_1.5tpp", "--seeds", "2", "--block", "gpa"])
+    scale.main(["run", "length"])
+    assert ran == [("size", (2,), "gpa", ("3.3M_1.5tpp",)), ("length", (0, 1, 2), "default", None)]
+    with pytest.raises(SystemExit):
+        scale.main(["run", "size", "--seeds", "3"])
+    assert "--seeds: invalid choice: 3" in capsys.readouterr().err
