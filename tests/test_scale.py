@@ -90,6 +90,7 @@ def test_the_command_runs_the_seeds_it_names_and_refuses_one_outside_the_grid(mo
 
     ran = []
     monkeypatch.setattr(scale, "run", lambda grid, seeds, name, only: ran.append((grid, seeds, name, only)))
+    monkeypatch.setattr(scale.torch, "set_num_threads", lambda n: None)  # this worker's other tests keep theirs
     scale.main(["run", "size", "--cells", "3.3M_1.5tpp", "--seeds", "2", "--block", "gpa"])
     scale.main(["run", "length"])
     assert ran == [("size", (2,), "gpa", ("3.3M_1.5tpp",)), ("length", (0, 1, 2), "default", None)]
