@@ -68,7 +68,7 @@ def scale_status() -> str:
 
 RULES = ("default", "gpa", "gpa_scaled")  # the grid's rules, each judged against plain nudged
 SCALE_AXES = {"backward": (1, "backward passes to plain's final loss"), "loss": (-1, "loss at equal steps")}
-SIDES = ("better than all of it", "inside it", "worse than all of it")
+SIDES = ("better", "inside", "worse")  # than all of plain nudged's range, inside it, worse than all of it
 
 
 def _scale_cells() -> list[scale.Cell]:
@@ -102,8 +102,7 @@ def scale_verdict() -> str:
         for key, (_, what) in SCALE_AXES.items():
             found = [_against_floor(cell, config, key) for cell in cells]
             if any(found):
-                sides = [f[0].split()[0] if f else "-" for f in found]  # better, inside, worse
-                rows.append(f"| `{config}`, {what} | " + " | ".join(sides) + " |")
+                rows.append(f"| `{config}`, {what} | " + " | ".join(f[0] if f else "-" for f in found) + " |")
     if not rows:
         return "Nothing measured yet.\n"
     head = "| each rule's median against plain nudged's range | " + " | ".join(c.name for c in cells) + " |"

@@ -65,11 +65,10 @@ CONFIGS = {
     "default": ([], 1.0),
     "nudged": ([], 1.001),
     "gpa": (["predictor=gpa"], 1.0),
-    "gpa_scaled": (["predictor=gpa"], 1.0),
+    "gpa_scaled": (["predictor=gpa"], 1.0),  # its window scaled to the run (harness.gpa_mu_x): overrides_of
 }
 HYBRID_CONFIGS = ("default", "gpa", "gpa_scaled")
 BLOCKS = {"default": ("default", "nudged"), "gpa": ("gpa",), "gpa_scaled": ("gpa_scaled",)}  # after plain, by name
-# gpa_scaled: primal averaging, its window scaled to the run (harness.gpa_mu_x)
 
 
 def overrides_of(cell: Cell, config: str) -> tuple[list[str], float]:
