@@ -139,7 +139,7 @@ class BusyWindow(L.Callback):
         wall = time.perf_counter() - self._began
         self._profile.__exit__(None, None, None)
         events = self._profile.events()
-        busy = sum(e.device_time_total for e in events if e.device_type == DeviceType.CUDA) / 1e6
+        busy = device_busy_s(events)
         names = [e.name for e in events if e.device_type == DeviceType.CPU]
         self.result = {
             "steps": self.steps,
@@ -150,6 +150,13 @@ class BusyWindow(L.Callback):
             "host_synchronisations": sum("Synchronize" in n for n in names),
         }
         self._profile = None
+
+
+def device_busy_s(events: Any) -> float:
+    """Seconds the device spent in kernels and copies: its events less the profiler's GPU annotations (an
+    ``Optimizer.step`` range, say), which span the kernels they hold and would count them twice."""
+    kernels = (e for e in events if e.device_type == DeviceType.CUDA and not e.is_user_annotation)
+    return sum(e.device_time_total for e in kernels) / 1e6
 
 
 def _synchronize(cuda: bool) -> None:

@@ -16,7 +16,7 @@ import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks import lrs, scale
+from benchmarks import gpu, lrs, scale
 from benchmarks.report import median_over_seeds, seeds_cell
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -224,6 +224,70 @@ def lrs_peers() -> str:
     return "\n".join(lines) + "\n"
 
 
+# -- the GPU run (benchmarks/gpu.py) ----------------------------------------------------------------------------
+GPU_RUN = scale.RESULTS / "gpu" / "2026-11-28"  # the run the README speaks of: 85M on one H200
+
+
+def _gpu(name: str) -> dict:
+    return json.loads((GPU_RUN / f"{name}.json").read_text())
+
+
+def _gpu_arm(row: dict) -> str:
+    """An arm's backward passes and wall time to plain's final loss, and its loss at equal steps: medians."""
+    backward, wall = (median_over_seeds(row[f"{axis}_speedups"]) for axis in ("backward", "wall_s"))
+    loss = f"{median_over_seeds(row['loss_equal_steps']):.3f}"
+    if backward is None:
+        missing = sum(v is None for v in row["backward_speedups"])
+        return f"never reached plain's loss ({missing} of {len(row['backward_speedups'])}), {loss} at equal steps"
+    return f"{backward:.2f}x, {wall:.2f}x, {loss}"
+
+
+def gpu_status() -> str:
+    """The README's GPU sentence: the default at the sweep's best rate and a third of it, primal averaging at the
+    best, and what the wall-time ratios carry (plain's wall time for its whole run over the default's)."""
+    runs = _gpu("quality")["runs"]
+    best, compared = gpu.best_rate(runs), gpu._comparisons(runs, gpu.best_rate(runs))
+    lowest = [row["lowest_step"] for row in gpu._sweep(runs).values()]
+    default = [row for row in compared.values() if row["arm"] == "default"]
+    gpa = [row for row in compared.values() if row["arm"] == "gpa"]
+    whole = [v for row in default for v in row["whole_run_wall"]]
+    curves = (
+        "plain lowest at its last step at every swept rate"
+        if set(lowest) == {gpu.QUALITY_STEPS}
+        else f"plain lowest at steps {', '.join(map(str, lowest))} at the swept rates"
+    )
+    text = (
+        f"On one H200 at 85M parameters ([`gpu/{GPU_RUN.name}`](benchmarks/results/gpu/{GPU_RUN.name}/README.md), "
+        f"bf16, {gpu.QUALITY_STEPS:,} steps, {gpu.QUALITY_SEEDS} seeds; {curves}), backward passes, wall time and "
+        f"loss as above: at the sweep's best rate ({best:.2g}) {_gpu_arm(default[0])}; at a third of it "
+        f"{_gpu_arm(default[1])}; primal averaging {_gpu_arm(gpa[0])}. Plain's whole run took "
+        f"{min(whole):.2f}-{max(whole):.2f}x the default's wall time in a pair, though the default only adds work: "
+        "wall-time ratios carry that noise."
+    )
+    return textwrap.fill(text, 118) + "\n"
+
+
+def gpu_table() -> str:
+    """The performance record's GPU tables (the sweep; each arm's medians and seeds) and timings."""
+    runs, profiled, over = _gpu("quality")["runs"], _gpu("profile")["result"], _gpu("overheads")["cells"]["85M"]
+    on_device, on_host = profiled["on_device"], profiled["on_host"]
+    plain_ms = [1000 * v for v in over["steady_step_seconds"]["plain"]]
+    steady = over["steady_ratios"]
+    per_step = (on_device["jump"]["ms"] + on_device["cycle_end"]["ms"]) / 20
+    timings = (
+        f"Timed alone with the rule's state on the device, a jump took {on_device['jump']['ms']:.1f} ms (at most "
+        f"{on_device['jump']['ms_max']:.1f}) and a cycle's end {on_device['cycle_end']['ms']:.1f} ms (at most "
+        f"{on_device['cycle_end']['ms_max']:.1f}); with it on the host, {on_host['jump']['ms']:.1f} and "
+        f"{on_host['cycle_end']['ms']:.1f} ms. The steady step over plain's, {len(plain_ms)} rounds: stepping aside "
+        f"{seeds_cell(steady['default_aside'], '.3f')}, jumping every 20 steps "
+        f"{seeds_cell(steady['default_jumping'], '.3f')}, while plain's own step ranged {min(plain_ms):.1f}-"
+        f"{max(plain_ms):.1f} ms over the rounds. A cycle's end and jump every 20 steps come to {per_step:.2f} ms a "
+        f"step, {per_step / min(plain_ms):.1%} of plain's fastest: the most they add where nothing overlaps them."
+    )
+    lines = [*gpu.sweep_table(runs), "", *gpu.comparison_tables(runs), "", textwrap.fill(timings, 118)]
+    return "\n".join(lines) + "\n"
+
+
 # -- Lightning's own tests with the plugin inside (tests/lightning_inject.py) ---------------------------------------
 def lightning_tests() -> str:
     runs = json.loads((scale.RESULTS / "lightning_tests" / "outcomes.json").read_text())
@@ -237,6 +301,8 @@ def lightning_tests() -> str:
 
 GENERATORS: dict[str, Callable[[], str]] = {
     "lightning-tests": lightning_tests,
+    "gpu-status": gpu_status,
+    "gpu-table": gpu_table,
     "scale-status": scale_status,
     "scale-table": scale_table,
     "scale-verdict": scale_verdict,

@@ -45,6 +45,20 @@ def test_the_dry_run_runs_every_part_and_a_second_call_resumes(tmp_path):
     assert set(record["comparisons"]) == {f"lr{best * f:.3g}" for f in gpu.QUALITY_RATES} | {f"lr{best:.3g}_gpa"}
     assert all(None not in row["loss_equal_steps"] for row in record["comparisons"].values())
     assert record["comparisons"][f"lr{best:.3g}_gpa"]["arm"] == "gpa" and f"{best:.3g} | gpa |" in readme_of(tmp_path)
+    order = list(record["runs"])  # as run: plain first in even seeds, last in odd (the process's warm-up shared)
+    assert order.index(gpu._key(best, 1, "default")) < order.index(gpu._key(best, 1, "plain"))
+    assert order.index(gpu._key(best, 2, "plain")) < order.index(gpu._key(best, 2, "default"))
+    for key, row in record["comparisons"].items():  # each seed's jumps, as its run counted them
+        lr = float(key.split("_")[0][2:])
+        for seed, jumps in enumerate(row["jumps"]):
+            counted = record["runs"][gpu._key(lr, seed, row["arm"])]
+            assert jumps == {
+                "made": counted["segments_started"],
+                "kept": counted["jumps_kept"],
+                "undone": counted["rollbacks"],
+            }
+            assert row["whole_run_wall"][seed] > 0
+    assert {row["lowest_step"] for row in record["sweep"].values()} <= {p["step"] for p in run_points(record)}
     run = next(iter(record["runs"].values()))
     assert run["data"]["passes"] <= 1 and len(run["data"]["sha256"]) == 64  # read once, and which bytes
     assert all("train_loss" in p for p in run["points"])
@@ -59,6 +73,39 @@ def test_the_dry_run_runs_every_part_and_a_second_call_resumes(tmp_path):
 
 def readme_of(folder):
     return (folder / "README.md").read_text()
+
+
+def run_points(record):
+    return next(iter(record["runs"].values()))["points"]
+
+
+def test_report_rewrites_the_readme_from_the_files_and_runs_nothing(tmp_path, monkeypatch):
+    lr = gpu.SWEEP_RATES[1]
+    runs = _sweep_runs({rate: [3.0, 2.0 + abs(rate - lr)] for rate in gpu.SWEEP_RATES})
+    for run in runs.values():
+        run["points"] = [p | {"step": 10 * (i + 1)} for i, p in enumerate(run["points"])]
+    (tmp_path / "quality.json").write_text(json.dumps({"runs": runs}))
+    monkeypatch.setattr(gpu, "run", lambda *args: pytest.fail("--report ran a part"))
+    gpu.main(["--report", "--out", str(tmp_path)])
+    assert f"| {lr:.3g} | 2.0000 | 2.0000 (20) | no |" in readme_of(tmp_path)
+
+
+def test_the_busy_share_counts_kernels_once_not_the_annotations_around_them():
+    """The profiler mirrors a ``record_function`` range (``Optimizer.step``) onto the GPU's timeline, spanning the
+    kernels it launched: summed with them, the share passed 100% on an H200."""
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+
+    from benchmarks.jump_cost import device_busy_s
+
+    def event(name, start, end, device=DeviceType.CUDA, annotation=False):
+        return FunctionEvent(
+            0, name, 0, start, end, device_type=device, use_device="cuda", is_user_annotation=annotation
+        )
+
+    kernels = [event("gemm", 100, 400), event("adamw", 500, 700)]
+    around = [event("Optimizer.step#AdamW.step", 50, 900, annotation=True), event("aten::mm", 0, 1000, DeviceType.CPU)]
+    assert device_busy_s([*kernels, *around]) == pytest.approx(500e-6)
 
 
 def _sweep_runs(finals: dict[float, list[float]]) -> dict[str, dict]:

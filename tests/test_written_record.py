@@ -33,6 +33,7 @@ def test_the_readmes_results_and_status_are_written_from_the_files():
     assert not [line for line in _outside_regions(results).splitlines() if line.startswith("|")]
     status = readme.split("**Status**", 1)[1].split("\n\n", 1)[0]
     assert "<!-- record: scale-status -->" in status and not COUNT.findall(_outside_regions(status))
+    assert "<!-- record: gpu-status -->" in status  # the GPU's figures too
     assert not COUNT.findall(_outside_regions(readme))  # Lightning's tests too
 
 
@@ -80,3 +81,23 @@ def test_the_verdict_sets_each_rules_median_against_the_nudged_controls_range(mo
         "(0.80-1.20).\n"
         "- `gpa` at 1.2M_1.5tpp, loss at equal steps: 1.000 (1.000-1.000); plain nudged 0.990 (0.990-0.990).\n"
     )
+
+
+def test_the_gpu_status_names_where_plain_was_lowest_when_not_at_its_end(tmp_path, monkeypatch):
+    """A plain curve lowest before its end is said so, with its step, and the best rate passes it by."""
+    import json
+    import shutil
+
+    from benchmarks import record
+
+    for name in ("quality", "profile", "overheads"):
+        shutil.copy(record.GPU_RUN / f"{name}.json", tmp_path)
+    quality = json.loads((tmp_path / "quality.json").read_text())
+    slow = quality["runs"]["lr0.0003_seed0_plain"]["points"]
+    slow[5]["val_loss"] = 0.5  # lowest at its sixth validation, then up: memorising
+    (tmp_path / "quality.json").write_text(json.dumps(quality))
+    assert "plain lowest at its last step at every swept rate" in record.gpu_status()
+    monkeypatch.setattr(record, "GPU_RUN", tmp_path)
+    said = " ".join(record.gpu_status().split())
+    assert f"plain lowest at steps {slow[5]['step']}, 1000, 1000 at the swept rates" in said
+    assert "best rate (0.0006)" in said
