@@ -248,6 +248,8 @@ def gpu_status() -> str:
     runs = _gpu("quality")["runs"]
     best, compared = gpu.best_rate(runs), gpu._comparisons(runs, gpu.best_rate(runs))
     lowest = [row["lowest_step"] for row in gpu._sweep(runs).values()]
+    read = runs[gpu._key(best, 0, "plain")]["data"]
+    tokens = read["passes"] * read["train_tokens"]  # what a run trained on, none of it twice
     default = [row for row in compared.values() if row["arm"] == "default"]
     gpa = [row for row in compared.values() if row["arm"] == "gpa"]
     whole = [v for row in default for v in row["whole_run_wall"]]
@@ -258,7 +260,8 @@ def gpu_status() -> str:
     )
     text = (
         f"On one H200 at 85M parameters ([`gpu/{GPU_RUN.name}`](benchmarks/results/gpu/{GPU_RUN.name}/README.md), "
-        f"bf16, {gpu.QUALITY_STEPS:,} steps, {gpu.QUALITY_SEEDS} seeds; {curves}), backward passes, wall time and "
+        f"bf16, {gpu.QUALITY_STEPS:,} steps of {tokens / 1e6:.1f}M tokens in all, about {tokens / 85e6:.1g} a "
+        f"parameter, {gpu.QUALITY_SEEDS} seeds; {curves}), backward passes, wall time and "
         f"loss as above: at the sweep's best rate ({best:.2g}) {_gpu_arm(default[0])}; at a third of it "
         f"{_gpu_arm(default[1])}; primal averaging {_gpu_arm(gpa[0])}. Plain's whole run took "
         f"{min(whole):.2f}-{max(whole):.2f}x the default's wall time in a pair, though the default only adds work: "
