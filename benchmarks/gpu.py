@@ -230,13 +230,13 @@ def quality(call: Call, record: dict[str, Any], save: Callable[[], None], rows: 
             order = ("plain", *names) if seed % 2 == 0 else (*names, "plain")  # process (warm caches) favours neither
             for config in order:
                 run(best * factor, seed, config)
-    record["sweep"] = _sweep(runs)
+    record["sweep"] = sweep_summary(runs)
     record["best_lr"] = best
-    record["comparisons"] = _comparisons(runs, best)
+    record["comparisons"] = comparisons(runs, best)
     return record
 
 
-def _sweep(runs: dict[str, Any]) -> dict[str, Any]:
+def sweep_summary(runs: dict[str, Any]) -> dict[str, Any]:
     """Plain's final and lowest validation loss at each rate that has run, and whether its curve turned up."""
     out = {}
     for lr in SWEEP_RATES:
@@ -253,7 +253,7 @@ def _sweep(runs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _comparisons(runs: dict[str, Any], best: float | None) -> dict[str, Any]:
+def comparisons(runs: dict[str, Any], best: float | None) -> dict[str, Any]:
     """Per rate whose runs are all in: per seed, plain's over the default's backward passes and wall time to
     plain's final loss (``None`` where not reached; no figure where plain overfits), the loss at plain's last step
     over plain's final, the jumps made, kept and undone, and plain's wall time for the whole run over the arm's (the
@@ -436,7 +436,7 @@ def markdown(done: dict[str, Any]) -> str:
 
 def sweep_table(runs: dict[str, Any]) -> list[str]:
     """Plain's curve at each swept rate: its final and lowest validation loss and the step of the lowest."""
-    sweep = _sweep(runs)
+    sweep = sweep_summary(runs)
     lines = ["| lr | final val loss | lowest (at step) | turns up at its end |", "|---|---|---|---|"]
     for lr, row in sweep.items():
         turns = "yes: no target" if row["overfits"] else "no"
@@ -446,7 +446,7 @@ def sweep_table(runs: dict[str, Any]) -> list[str]:
 
 def comparison_tables(runs: dict[str, Any]) -> list[str]:
     """Each arm against plain: medians (range) over seeds, then each seed with its jumps."""
-    compared = _comparisons(runs, best_rate(runs))
+    compared = comparisons(runs, best_rate(runs))
     if not compared:
         return []
     lines = [

@@ -246,8 +246,8 @@ def gpu_status() -> str:
     """The README's GPU sentence: the default at the sweep's best rate and a third of it, primal averaging at the
     best, and what the wall-time ratios carry (plain's wall time for its whole run over the default's)."""
     runs = _gpu("quality")["runs"]
-    best, compared = gpu.best_rate(runs), gpu._comparisons(runs, gpu.best_rate(runs))
-    lowest = [row["lowest_step"] for row in gpu._sweep(runs).values()]
+    best, compared = gpu.best_rate(runs), gpu.comparisons(runs, gpu.best_rate(runs))
+    lowest = [row["lowest_step"] for row in gpu.sweep_summary(runs).values()]
     read = runs[gpu._key(best, 0, "plain")]["data"]
     tokens = read["passes"] * read["train_tokens"]  # what a run trained on, none of it twice
     default = [row for row in compared.values() if row["arm"] == "default"]
