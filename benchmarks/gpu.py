@@ -82,6 +82,7 @@ OVERHEAD_ROUNDS, OVERHEAD_STEPS = 3, 200  # 200: eight jumps, at steps 61, 81, .
 PROFILE_STEPS, BUSY_START = 100, 45  # the profiled window: steps 45-65, a jump (step 61) in it
 SWEEP_RATES = (3e-4, 6e-4, 1.2e-3)  # plain's rates at 1,000 steps; GPT-2 small trains at 6e-4
 QUALITY_STEPS, QUALITY_SEEDS = 1000, 3
+PARAMETERS = 85_645_824  # the 85M model's, counted (a test builds it): the record's tokens a parameter and copies
 QUALITY_RATES = (1.0, 1 / 3)  # factors of the sweep's best rate
 # what runs against plain, by name: overrides. Primal averaging with its average's window scaled to the run (mu_x
 # 0.981 at 1,000 steps): on the CPU grid the published 0.9967 lost 3% at equal steps in runs of 1,380 steps, the

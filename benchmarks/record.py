@@ -260,14 +260,30 @@ def gpu_status() -> str:
     )
     text = (
         f"On one H200 at 85M parameters ([`gpu/{GPU_RUN.name}`](benchmarks/results/gpu/{GPU_RUN.name}/README.md), "
-        f"bf16, {gpu.QUALITY_STEPS:,} steps of {tokens / 1e6:.1f}M tokens in all, about {tokens / 85e6:.1g} a "
-        f"parameter, {gpu.QUALITY_SEEDS} seeds; {curves}), backward passes, wall time and "
-        f"loss as above: at the sweep's best rate ({best:.2g}) {_gpu_arm(default[0])}; at a third of it "
+        f"bf16, {gpu.QUALITY_STEPS:,} steps of {tokens / 1e6:.1f}M tokens in all, about "
+        f"{tokens / gpu.PARAMETERS:.1g} a parameter, {gpu.QUALITY_SEEDS} seeds; {curves}), backward passes, wall "
+        f"time and loss as above: at the sweep's best rate ({best:.2g}) {_gpu_arm(default[0])}; at a third of it "
         f"{_gpu_arm(default[1])}; primal averaging {_gpu_arm(gpa[0])}. Plain's whole run took "
         f"{min(whole):.2f}-{max(whole):.2f}x the default's wall time in a pair, though the default only adds work: "
         "wall-time ratios carry that noise."
     )
     return textwrap.fill(text, 118) + "\n"
+
+
+def _gpu_memory(runs: dict) -> str:
+    """Each arm's peak device memory over its seed's plain run, in copies of the model's fp32 parameters."""
+    copies: dict[str, list[float]] = {}
+    for key, run in runs.items():
+        lr, seed, arm = key.split("_")
+        if arm != "plain" and f"{lr}_{seed}_plain" in runs:
+            extra = run["peak_cuda_allocated_bytes"] - runs[f"{lr}_{seed}_plain"]["peak_cuda_allocated_bytes"]
+            copies.setdefault(arm, []).append(extra / (4 * gpu.PARAMETERS))
+    said = [f"{'the default' if arm == 'default' else arm} {seeds_cell(c, '.2f', '')}" for arm, c in copies.items()]
+    return (
+        f"Peak device memory over plain's in the same pair, in copies of the {gpu.PARAMETERS:,} parameters in fp32: "
+        + ", ".join(said)
+        + "."
+    )
 
 
 def gpu_table() -> str:
@@ -288,6 +304,7 @@ def gpu_table() -> str:
         f"step, {per_step / min(plain_ms):.1%} of plain's fastest: the most they add where nothing overlaps them."
     )
     lines = [*gpu.sweep_table(runs), "", *gpu.comparison_tables(runs), "", textwrap.fill(timings, 118)]
+    lines += ["", textwrap.fill(_gpu_memory(runs), 118)]
     return "\n".join(lines) + "\n"
 
 

@@ -171,6 +171,15 @@ def test_the_overheads_85m_is_the_gpt2_task(tmp_path):
     assert ours.data == task.data
 
 
+def test_the_85m_parameter_count_the_record_divides_by_is_the_models(tmp_path):
+    import hydra
+
+    from benchmarks.harness import gpt_config
+
+    model = hydra.utils.instantiate(gpt_config("85M", 10, str(tmp_path), []).model)
+    assert sum(p.numel() for p in model.parameters() if p.requires_grad) == gpu.PARAMETERS
+
+
 def test_plain_against_the_modes_takes_the_common_overrides_too(tmp_path, monkeypatch):
     """On the GPU the part runs in bf16 (``trainer=gpu``): plain, which runs first, must too, or the ratio compares
     precisions."""
