@@ -257,8 +257,9 @@ def sweep_summary(runs: dict[str, Any]) -> dict[str, Any]:
 def comparisons(runs: dict[str, Any], best: float | None) -> dict[str, Any]:
     """Per rate whose runs are all in: per seed, plain's over the default's backward passes and wall time to
     plain's final loss (``None`` where not reached; no figure where plain overfits), the loss at plain's last step
-    over plain's final, the jumps made, kept and undone, and plain's wall time for the whole run over the arm's (the
-    machine's noise, where the arm's own cost is small); medians over the seeds plain's final loss is a target in."""
+    over plain's final, the jumps made, kept and undone, plain's wall time for the whole run over the arm's (the
+    machine's noise, where the arm's own cost is small) and the arm's peak device memory over plain's; medians over
+    the seeds plain's final loss is a target in."""
     out = {}
     cells = [(factor, "default") for factor in QUALITY_RATES] + [(1.0, "gpa")]
     for factor, arm in cells if best is not None else ():
@@ -278,6 +279,9 @@ def comparisons(runs: dict[str, Any], best: float | None) -> dict[str, Any]:
             "whole_run_wall": [
                 _whole_run_wall(runs[_key(lr, s, "plain")], runs[_key(lr, s, arm)]) for s in range(QUALITY_SEEDS)
             ],
+            "peak_over_plain_bytes": [
+                _peak_over_plain(runs[_key(lr, s, "plain")], runs[_key(lr, s, arm)]) for s in range(QUALITY_SEEDS)
+            ],
         }
         for axis in ("backward", "wall_s"):
             row[f"{axis}_speedups"] = [s["to_target"][axis]["speedup"] for s in seeds]
@@ -293,6 +297,12 @@ def _whole_run_wall(plain: dict[str, Any], arm: dict[str, Any]) -> float | None:
     end = plain["points"][-1]
     at = [p["wall_s"] for p in arm["points"] if p["step"] == end["step"]]
     return end["wall_s"] / at[0] if at else None
+
+
+def _peak_over_plain(plain: dict[str, Any], arm: dict[str, Any]) -> int | None:
+    """The arm's peak device memory over plain's (``None`` off a GPU, where neither is measured)."""
+    peaks = plain["peak_cuda_allocated_bytes"], arm["peak_cuda_allocated_bytes"]
+    return None if None in peaks else peaks[1] - peaks[0]
 
 
 def _jumps(run: dict[str, Any]) -> dict[str, int]:
@@ -423,11 +433,12 @@ def markdown(done: dict[str, Any]) -> str:
                     lines[-1] += f" Not a share: {OVERCOUNTED}"
         lines.append("")
     runs = done["quality"].get("runs", {})
-    if sweep_table(runs):
-        lines += [f"## Sweep: plain, {QUALITY_STEPS:,} steps, seed 0", "", *sweep_table(runs), ""]
-    if comparison_tables(runs):
+    swept, compared = sweep_table(runs), comparison_tables(runs)
+    if swept:
+        lines += [f"## Sweep: plain, {QUALITY_STEPS:,} steps, seed 0", "", *swept, ""]
+    if compared:
         title = "## Quality: plain's over the arm's to plain's final loss (>1: the arm sooner), medians (range)"
-        lines += [title, "", *comparison_tables(runs), ""]
+        lines += [title, "", *compared, ""]
     mechanics = {k: v for k, v in done["mechanics"].items() if k != "machine"}
     if mechanics:
         lines += ["## Mechanics", "", "| part | result |", "|---|---|"]

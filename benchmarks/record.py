@@ -246,7 +246,8 @@ def gpu_status() -> str:
     """The README's GPU sentence: the default at the sweep's best rate and a third of it, primal averaging at the
     best, and what the wall-time ratios carry (plain's wall time for its whole run over the default's)."""
     runs = _gpu("quality")["runs"]
-    best, compared = gpu.best_rate(runs), gpu.comparisons(runs, gpu.best_rate(runs))
+    best = gpu.best_rate(runs)
+    compared = gpu.comparisons(runs, best)
     lowest = [row["lowest_step"] for row in gpu.sweep_summary(runs).values()]
     read = runs[gpu._key(best, 0, "plain")]["data"]
     tokens = read["passes"] * read["train_tokens"]  # what a run trained on, none of it twice
@@ -273,11 +274,8 @@ def gpu_status() -> str:
 def _gpu_memory(runs: dict) -> str:
     """Each arm's peak device memory over its seed's plain run, in copies of the model's fp32 parameters."""
     copies: dict[str, list[float]] = {}
-    for key, run in runs.items():
-        lr, seed, arm = key.split("_")
-        if arm != "plain" and f"{lr}_{seed}_plain" in runs:
-            extra = run["peak_cuda_allocated_bytes"] - runs[f"{lr}_{seed}_plain"]["peak_cuda_allocated_bytes"]
-            copies.setdefault(arm, []).append(extra / (4 * gpu.PARAMETERS))
+    for row in gpu.comparisons(runs, gpu.best_rate(runs)).values():
+        copies.setdefault(row["arm"], []).extend(b / (4 * gpu.PARAMETERS) for b in row["peak_over_plain_bytes"])
     said = [f"{'the default' if arm == 'default' else arm} {seeds_cell(c, '.2f', '')}" for arm, c in copies.items()]
     return (
         f"Peak device memory over plain's in the same pair, in copies of the {gpu.PARAMETERS:,} parameters in fp32: "
