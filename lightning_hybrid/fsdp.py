@@ -25,6 +25,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn import Module
 from typing_extensions import override
 
+from lightning_hybrid.samplers import one_permutation
 from lightning_hybrid.strategy import HybridStrategyMixin
 
 if TYPE_CHECKING:
@@ -98,6 +99,11 @@ class FullyShardedStrategy(ModelParallelStrategy):
         self.setup_precision_plugin()
         if trainer.state.fn == TrainerFn.FITTING:
             _optimizers_to_device(self.optimizers, self.root_device)
+
+    @override
+    def process_dataloader(self, dataloader: object) -> object:
+        """Every rank its own shard of one permutation (:func:`~lightning_hybrid.samplers.one_permutation`)."""
+        return one_permutation(super().process_dataloader(dataloader))
 
     # ---------------------------------------------------------------------------- steps through the root's call
     @override

@@ -20,6 +20,7 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_hybrid.engine.interface import StepHandler
+from lightning_hybrid.samplers import one_permutation
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -80,6 +81,12 @@ class HybridStrategyMixin:
 
         plugin.clip_gradients = clip_gradients
         plugin._hybrid_clipping = True
+
+    @override
+    def process_dataloader(self, dataloader: object) -> object:
+        """On several ranks, every rank its own shard of one permutation, which resumes mid-epoch
+        (:func:`~lightning_hybrid.samplers.one_permutation`); on one, the loader as it is."""
+        return one_permutation(super().process_dataloader(dataloader))
 
     @override
     def on_validation_start(self) -> None:

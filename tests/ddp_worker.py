@@ -82,10 +82,13 @@ class Record(L.Callback):
     def __init__(self) -> None:
         self.phases: list[int] = []
         self.first_batch: torch.Tensor | None = None
+        self.first_epoch: list[torch.Tensor] = []  # every batch of the first epoch
 
     def on_train_batch_start(self, trainer, pl_module, batch, idx):
         if self.first_batch is None:
             self.first_batch = batch[0].clone()
+        if trainer.current_epoch == 0:
+            self.first_epoch.append(batch[0].clone())
         scheduler = find_scheduler(trainer)
         if scheduler is not None:  # none in a plain run
             self.phases.append(int(scheduler.phase))
@@ -115,9 +118,8 @@ def main(
 ) -> None:
     """``resume``: ``"save"`` checkpoints at every epoch end (16 steps), ``"save-midepoch"`` every 20 steps, a path
     resumes from that checkpoint; ``"after"`` validates, tests, predicts and fits again after the fit. ``batches``
-    (user modules): ``""`` the token windows in order, ``"stateful"`` shuffled by torchdata's
-    ``StatefulDistributedSampler`` in a ``StatefulDataLoader``, ``"shuffled"`` a ``StatefulDataLoader(shuffle=True)``
-    as users write it (Lightning shards its sampler)."""
+    (user modules): ``""`` the token windows in order, else a ``TokenData`` kind: ``"stateful"``, ``"shuffled"``
+    or ``"resumable"``."""
     torch.random.set_rng_state(FRESH_RNG)
     record = Record()
     kind, _, optimizer = kind.partition("-")  # e.g. "linear-sgd": the linear predictor, the model trained with SGD
@@ -132,8 +134,8 @@ def main(
     elif kind in USER_MODULES:  # the defaults, jumping on short cycles; none in a plain run
         plain = strategy.startswith("plain-")
         callbacks = [] if plain else hybrid_callbacks(predictor=OuterMomentum(**DEFAULT_JUMPING), **RULE_PHASES)
-    else:  # a learned predictor with the bandit timing steps in wall-clock seconds, which differ per rank
-        callbacks = hybrid_callbacks(predictor=kind, **FAST_PHASES, **LEARNED[kind])
+    else:  # a learned predictor, its bandit asked to time steps in wall-clock seconds, which differ per rank
+        callbacks = hybrid_callbacks(predictor=kind, cost="wall", **FAST_PHASES, **LEARNED[kind])
     extra: list[L.Callback] = [record]
     if resume in SAVE_EVERY:
         every = SAVE_EVERY[resume]
@@ -168,6 +170,7 @@ def main(
     saved["warnings"] = [str(w.message) for w in said]
     scheduler, rule = find_scheduler(trainer), kind in RULES or kind in USER_MODULES
     Path(out_dir).mkdir(parents=True, exist_ok=True)
+    saved["first_epoch"] = torch.cat(record.first_epoch) if record.first_epoch else None
     if scheduler is None:  # plain Lightning: what it trained
         torch.save(saved, f"{out_dir}/rank{trainer.global_rank}.pt")
         return

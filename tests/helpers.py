@@ -466,6 +466,7 @@ FSDP_UNITS = ("fsdp-per-layer", "plain-fsdp-per-layer", "fsdp", "plain-fsdp")  #
 # The two-process scenarios the DDP and FSDP tests read, run in one launch: name -> (kind, strategy, resume[,
 # batches]) (see tests/ddp_worker.py); "save" checkpoints every 16 steps (epoch ends), "save-midepoch" every 20, and
 # a `resumed-` run goes on from the `save-` run's second checkpoint.
+MIDEPOCH_LOADERS = ("shuffled", "resumable")
 DISTRIBUTED = {
     "linear": ("linear", "ddp", ""),
     "exploding": ("exploding", "ddp", ""),
@@ -494,10 +495,11 @@ DISTRIBUTED = {
     "gpt2-ddp": ("gpt2", "ddp", ""),  # the defaults under FSDP against DDP, on a module that calls a submodule
     **{f"save-{m}-fsdp-per-layer": (m, "fsdp-per-layer", "save") for m in ("gpt2", "lstm")},
     "gpt2_manual-fsdp-per-layer": ("gpt2_manual", "fsdp-per-layer", ""),
-    # checkpoints inside epochs, from torchdata's stateful loader with its distributed sampler, resumed; and from
-    # the stateful loader as users first write it, whose sampler Lightning shards (the plugin warns)
-    **{f"save-gpt2-{s}-midepoch": ("gpt2", s, "save-midepoch", "stateful") for s in ("fsdp", "plain-fsdp")},
-    "shuffled-gpt2-fsdp": ("gpt2", "fsdp", "save-midepoch", "shuffled"),
+    # checkpoints inside epochs, resumed: plain FSDP with torchdata's stateful loader and its distributed sampler;
+    # the plugin's strategies with the loaders as users write them (TokenData): a shuffled StatefulDataLoader and the
+    # demos' ResumableLoader
+    "save-gpt2-plain-fsdp-midepoch": ("gpt2", "plain-fsdp", "save-midepoch", "stateful"),
+    **{f"save-gpt2-{s}-{d}": ("gpt2", s, "save-midepoch", d) for s in ("ddp", "fsdp") for d in MIDEPOCH_LOADERS},
 }
 
 

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from lightning_hybrid import Phase
-from tests.helpers import FSDP_UNITS, saved_checkpoints
+from tests.helpers import FSDP_UNITS, MIDEPOCH_LOADERS, saved_checkpoints
+from tests.user_modules import token_windows
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ranks")]  # two processes, launched once for all (conftest)
 
@@ -156,15 +157,16 @@ def _apart(a: torch.Tensor, b: torch.Tensor) -> float:
     [
         ("gpt2-fsdp-per-layer", [16, 32, 48]),
         ("lstm-fsdp-per-layer", [16, 32, 48]),
-        ("gpt2-fsdp-midepoch", [20, 40, 60]),
         ("gpt2-plain-fsdp-midepoch", [20, 40, 60]),
+        *[(f"gpt2-{s}-{loader}", [20, 40, 60]) for s in ("ddp", "fsdp") for loader in MIDEPOCH_LOADERS],
     ],
 )
 def test_a_sharded_resume_of_a_module_as_users_write_it_is_exact(distributed_runs, saved, checkpoints):
-    """Resumed from the second checkpoint, at an epoch's end (16 steps an epoch), or inside one with torchdata's
-    ``StatefulDataLoader`` and its ``StatefulDistributedSampler`` (``use_distributed_sampler=False``): plain and
-    hybrid FSDP end bitwise as the uninterrupted run on every rank, with the same jumps, and the plugin says nothing
-    of the loader."""
+    """Resumed from the second checkpoint, at an epoch's end (16 steps an epoch), or inside one: plain FSDP with
+    torchdata's ``StatefulDataLoader`` and its ``StatefulDistributedSampler`` (``use_distributed_sampler=False``), and
+    the plugin's strategies with the loaders as users write them (a shuffled ``StatefulDataLoader``, the demos'
+    ``ResumableLoader``): they end bitwise as the uninterrupted run on every rank, with the same jumps, and the
+    plugin says nothing of the loader."""
     root, runs = distributed_runs
     full, resumed = runs[f"save-{saved}"], runs[f"resumed-{saved}"]
     assert [int(p.stem.split("=")[1]) for p in saved_checkpoints(root / f"save-{saved}")] == checkpoints
@@ -173,6 +175,21 @@ def test_a_sharded_resume_of_a_module_as_users_write_it_is_exact(distributed_run
         jumps = [[run.get("summary", {}).get(k) for k in JUMP_COUNTS] for run in (before, after)]  # none if plain
         assert jumps[0] == jumps[1]
         assert not [w for w in before["warnings"] if "falls inside an epoch" in w]
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("loader", MIDEPOCH_LOADERS)
+def test_each_rank_sees_its_own_shard_of_one_shuffled_epoch(distributed_runs, strategy, loader):
+    """Under ``hybrid_ddp`` and ``hybrid_fsdp`` the ranks' batches of an epoch are disjoint and cover the windows:
+    one permutation, sharded (Lightning's own wrapper around ``StatefulDataLoader(shuffle=True)``'s sampler lets
+    each rank draw its own), and a shuffled one (not the windows in order)."""
+    ranks = distributed_runs[1][f"save-gpt2-{strategy}-{loader}"]
+    seen = [{tuple(w.tolist()) for w in rank["first_epoch"]} for rank in ranks]
+    windows = {tuple(w.tolist()) for w in token_windows().tensors[0]}
+    assert [len(s) for s in seen] == [len(r["first_epoch"]) for r in ranks] == [len(windows) // 2] * 2
+    assert not seen[0] & seen[1] and seen[0] | seen[1] == windows
+    in_order = token_windows().tensors[0][: len(ranks[0]["first_epoch"])]
+    assert not torch.equal(ranks[0]["first_epoch"], in_order)
 
 
 def _held_out_loss_and_logits(params: torch.Tensor) -> tuple[float, float]:
@@ -204,17 +221,6 @@ def test_validate_test_predict_and_fit_again_after_an_fsdp_fit(distributed_runs,
     if not strategy.endswith("per-layer"):  # the same run as sharded per layer, up to rounding
         per_layer = distributed_runs[1][f"gpt2-{strategy}-per-layer"]
         assert _apart(ranks[0]["after"]["params"], per_layer[0]["after"]["params"]) < 1e-4
-
-
-def test_a_stateful_loader_whose_sampler_lightning_shards_is_said_not_to_resume_exactly(distributed_runs):
-    """``StatefulDataLoader(shuffle=True)`` on two ranks: Lightning wraps its sampler in a
-    ``DistributedSamplerWrapper``, which draws each epoch's order anew; the first checkpoint inside an epoch says
-    so, once, on rank 0, naming the way to an exact resume (``tests/test_resumable_loaders.py`` shows the order)."""
-    ranks = distributed_runs[1]["shuffled-gpt2-fsdp"]
-    said = [w for w in ranks[0]["warnings"] if "falls inside an epoch" in w]
-    assert len(said) == 1 and "step 20" in said[0] and "DistributedSamplerWrapper" in said[0]
-    assert "StatefulDistributedSampler" in said[0] and "use_distributed_sampler=False" in said[0]
-    assert not [w for w in ranks[1]["warnings"] if "falls inside an epoch" in w]
 
 
 def test_gpa_keeps_the_ranks_alike_and_averages_shards_as_ddp_averages_the_whole(distributed_runs):

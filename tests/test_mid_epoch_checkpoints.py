@@ -1,6 +1,7 @@
 """A checkpoint saved inside an epoch resumes the uninterrupted run only where the training loader can take up where
 it was: the plugin says when it cannot, once a fit, and is silent where it can. Why a ``StatefulDataLoader`` on
-several ranks cannot, as Lightning shards it, and what can (the two-rank runs are in ``tests/test_ddp.py``)."""
+several ranks cannot, as Lightning shards it, and what the plugin's strategies make of it (the two-rank runs are in
+``tests/test_ddp.py``)."""
 
 import warnings
 from itertools import islice
@@ -13,6 +14,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import RandomSampler, StatefulDistributedSampler
 
 from lightning_hybrid.callbacks.resumable import why_not_resumable
+from lightning_hybrid.samplers import one_permutation
 from tests.helpers import RegressionModel, flat_params, hybrid_trainer, regression_data
 
 SAID = "falls inside an epoch"
@@ -85,3 +87,25 @@ def test_why_a_stateful_loader_sharded_by_lightning_resumes_elsewhere():
     tail, resumed, why, head = _resumed(own_sampler, seed=1)
     assert resumed == tail and why is None
     assert len({i for batch in head + tail for i in batch}) == 32  # rank 0's half of the epoch, each index once
+
+
+def test_the_plugins_strategies_give_a_shuffled_stateful_loader_one_permutation_sharded():
+    """What ``hybrid_ddp`` and ``hybrid_fsdp`` make of Lightning's loader for rank 0 and 1 of 2: torchdata's
+    ``StatefulDistributedSampler`` with Lightning's seed, so the ranks' shards are disjoint, cover the data, and
+    resume; a sampler of the user's own stays in Lightning's wrapper."""
+    data = torch.arange(64)
+
+    def lightnings(rank: int, sampler=None) -> StatefulDataLoader:
+        inner = sampler or RandomSampler(data)
+        wrapper = DistributedSamplerWrapper(inner, num_replicas=2, rank=rank, seed=7)
+        return StatefulDataLoader(data, batch_size=4, sampler=wrapper)
+
+    ours = [one_permutation(lightnings(rank)) for rank in (0, 1)]
+    drawn = [loader.batch_sampler.sampler for loader in ours]  # torchdata's batch sampler, rebuilt around it
+    assert all(type(sampler) is StatefulDistributedSampler and sampler.seed == 7 for sampler in drawn)
+    shards = [{i for batch in loader for i in batch.tolist()} for loader in ours]
+    assert not shards[0] & shards[1] and shards[0] | shards[1] == set(range(64))
+    tail, resumed, why, _ = _resumed(lambda: one_permutation(lightnings(0)), seed=1)
+    assert resumed == tail and why is None
+    own = lightnings(0, sampler=list(range(64)))  # any other sampler: as Lightning made it
+    assert one_permutation(own) is own

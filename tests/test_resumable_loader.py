@@ -5,7 +5,7 @@ loader with a length (that many batches an epoch, then a new iterator)."""
 import pytest
 import torch
 from lightning.fabric.utilities.types import _Stateful
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from lightning_hybrid.demos.splits import ResumableLoader
 
@@ -40,3 +40,32 @@ def test_the_order_is_a_seeded_shuffles_and_resumes_at_every_batch(size, batch):
 
 def test_lightning_sees_the_loader_as_resumable():
     assert isinstance(ResumableLoader(TensorDataset(torch.arange(4)), 2), _Stateful)
+
+
+def test_each_ranks_shard_of_one_permutation_resumes_at_every_batch():
+    """On several ranks Lightning gives the loader a ``DistributedSampler``: each rank's shard of one permutation,
+    disjoint from the other's, which resumes mid-epoch as the single-rank order does."""
+    data = TensorDataset(torch.arange(40))
+
+    def rank(r: int) -> ResumableLoader:
+        return ResumableLoader(data, 4, sampler=DistributedSampler(data, 2, r, shuffle=True, seed=5))
+
+    def epochs(loader: ResumableLoader) -> list[list[int]]:
+        out = []
+        for epoch in range(2):
+            loader.order.set_epoch(epoch)  # as Lightning does at each epoch's start
+            out += [batch[0].tolist() for batch in loader]
+        return out
+
+    reference = [epochs(rank(r)) for r in (0, 1)]
+    for epoch in (slice(0, 5), slice(5, 10)):
+        shards = [{i for batch in ref[epoch] for i in batch} for ref in reference]
+        assert not shards[0] & shards[1] and shards[0] | shards[1] == set(range(40))
+    for cut in range(1, 5):
+        loader = rank(0)
+        loader.order.set_epoch(0)
+        batches = iter(loader)
+        seen = [next(batches)[0].tolist() for _ in range(cut)]
+        resumed = rank(0)
+        resumed.load_state_dict(loader.state_dict())
+        assert seen + epochs(resumed) == reference[0], cut

@@ -28,10 +28,11 @@ def token_loader(n: int = 512, batch_size: int = 16, seed: int = 1) -> DataLoade
 
 
 class TokenData(L.LightningDataModule):
-    """The token windows shuffled in torchdata's ``StatefulDataLoader``, which Lightning checkpoints mid-epoch:
-    ``"shuffled"`` as users first write it (``shuffle=True``; on several ranks Lightning shards its sampler), or
-    ``"stateful"`` with torchdata's ``StatefulDistributedSampler`` (for ``use_distributed_sampler=False``), built
-    here, once the process group is up."""
+    """The token windows shuffled by a loader that Lightning checkpoints mid-epoch: torchdata's ``StatefulDataLoader``
+    as users first write it (``"shuffled"``: ``shuffle=True``, in processes seeded apart; on several ranks the
+    plugin's strategies give it one permutation, sharded), or with torchdata's ``StatefulDistributedSampler`` (``"stateful"``, for
+    ``use_distributed_sampler=False``), built here, once the process group is up; or the demos' ``ResumableLoader``
+    (``"resumable"``; Lightning gives it a ``DistributedSampler``)."""
 
     def __init__(self, kind: str) -> None:
         super().__init__()
@@ -41,9 +42,14 @@ class TokenData(L.LightningDataModule):
         from torchdata.stateful_dataloader import StatefulDataLoader
         from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
+        from lightning_hybrid.demos.splits import ResumableLoader
+
         data = token_windows()
-        if self.kind == "shuffled":
+        if self.kind == "shuffled":  # in processes nobody seeded alike: each rank's random state its own
+            torch.manual_seed(1 + torch.distributed.get_rank())
             return StatefulDataLoader(data, batch_size=16, shuffle=True)
+        if self.kind == "resumable":
+            return ResumableLoader(data, batch_size=16, seed=0)
         return StatefulDataLoader(data, batch_size=16, sampler=StatefulDistributedSampler(data, shuffle=True, seed=0))
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -12,6 +13,12 @@ import torch
 from torch import Tensor
 
 from lightning_hybrid.validation import check_choice, check_float, check_int
+
+WALL_COST = (
+    "HorizonBandit: cost='wall' charges each step its measured seconds, so which horizons are played, and the "
+    "weights a run ends with, depend on how busy the machine is: two runs with the same seed differ, and so does a "
+    "resume. cost='steps' (the default) reads no clock."
+)
 
 
 class LinUCBHorizons:
@@ -34,8 +41,10 @@ class LinUCBHorizons:
         ridge: ridge regularisation of each arm's regression (> 0).
         rollback_penalty: reward of a rolled-back segment (<= 0).
         reward_clip: bound on the magnitude of a reward (> 0).
-        cost: ``"wall"`` measures cost in seconds of step time; ``"steps"`` counts an ordinary step as 1 and a
-            predicted step as ``predict_cost``, which is deterministic (exact resume does not depend on timing).
+        cost: ``"steps"`` (the default) counts an ordinary step as 1 and a predicted one as ``predict_cost``, so the
+            same run makes the same choices on any machine under any load, and resumes exactly. ``"wall"`` charges
+            each step its measured seconds: the choices, and so the weights, then depend on how busy the machine
+            is (warned about when chosen).
         predict_cost: cost of a predicted step relative to an ordinary one, for ``cost="steps"``.
         baseline_window: Full-step losses averaged for the loss before a segment.
         exploration_plays: plays of each Predict arm scored optimistically (upper bound); after them an arm is
@@ -50,7 +59,7 @@ class LinUCBHorizons:
         ridge: float = 1.0,
         rollback_penalty: float = -3.0,
         reward_clip: float = 3.0,
-        cost: str = "wall",
+        cost: str = "steps",
         predict_cost: float = 0.3,
         baseline_window: int = 5,
         exploration_plays: int = 2,
@@ -63,7 +72,9 @@ class LinUCBHorizons:
         self.ridge = check_float(owner, "ridge", ridge, 0.0, open_low=True)
         self.rollback_penalty = check_float(owner, "rollback_penalty", rollback_penalty, -math.inf, 0.0)
         self.reward_clip = check_float(owner, "reward_clip", reward_clip, 0.0, open_low=True)
-        self.cost = check_choice(owner, "cost", cost, ("wall", "steps"))
+        self.cost = check_choice(owner, "cost", cost, ("steps", "wall"))
+        if self.cost == "wall":
+            warnings.warn(WALL_COST, stacklevel=2)
         self.predict_cost = check_float(owner, "predict_cost", predict_cost, 0.0, 1.0)
         check_int(owner, "baseline_window", baseline_window, 1)
         self.exploration_plays = check_int(owner, "exploration_plays", exploration_plays)

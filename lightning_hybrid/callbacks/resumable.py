@@ -16,7 +16,8 @@ from lightning.pytorch.utilities.combined_loader import CombinedLoader
 from lightning_hybrid.callbacks.messages import warn
 
 EXACT_LOADERS = (
-    "torchdata's StatefulDataLoader (on several ranks with its StatefulDistributedSampler as the sampler and "
+    "torchdata's StatefulDataLoader (shuffled or not; on several ranks the plugin's strategies give it one sharded "
+    "permutation; with a sampler of your own, a distributed one that saves its place and "
     "Trainer(use_distributed_sampler=False)), or checkpoints at epoch ends"
 )
 

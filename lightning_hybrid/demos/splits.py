@@ -9,7 +9,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset, RandomSampler, Sampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler, Sampler
 
 
 class SplitData(L.LightningDataModule):
@@ -70,15 +70,34 @@ class EpochOrder(RandomSampler):
         self.pending = (epoch_start, skip)
 
 
+class EpochShard(DistributedSampler):
+    """This rank's shard of the epoch's one permutation, as the ``DistributedSampler`` Lightning gives each rank
+    draws it (from its seed and the epoch Lightning sets), able to start an epoch some indices in (:meth:`resume`)."""
+
+    def __init__(self, given: DistributedSampler) -> None:
+        super().__init__(given.dataset, given.num_replicas, given.rank, given.shuffle, given.seed, given.drop_last)
+        self.skip = 0  # indices of the next epoch already served before a resume
+
+    def __iter__(self) -> Iterator[int]:
+        skip, self.skip = self.skip, 0
+        yield from itertools.islice(super().__iter__(), skip, None)
+
+    def resume(self, skip: int) -> None:
+        self.skip = skip
+
+
 class ResumableLoader(DataLoader):
     """Shuffled batches in :class:`EpochOrder`, which resume mid-epoch exactly: Lightning saves :meth:`state_dict`
     in every checkpoint and loads it before the epoch goes on (a loader with a length is not read ahead, so the
-    batches served are the batches trained on). The same batches as ``DataLoader(shuffle=True, generator=...)``. A
-    sampler Lightning injects (a distributed one) is used as given, without resuming."""
+    batches served are the batches trained on). The same batches as ``DataLoader(shuffle=True, generator=...)``. On
+    several ranks Lightning gives it a ``DistributedSampler`` (each rank its shard of one permutation), which resumes
+    the same way (:class:`EpochShard`); any other sampler given is used as it is, without resuming."""
 
     def __init__(
         self, dataset: Dataset, batch_size: int, seed: int = 0, sampler: Sampler | None = None, **kwargs: Any
     ) -> None:
+        if type(sampler) is DistributedSampler:
+            sampler = EpochShard(sampler)
         self.order = sampler if sampler is not None else EpochOrder(dataset, seed)
         if isinstance(self.order, EpochOrder):
             kwargs["generator"] = self.order.generator
@@ -86,19 +105,26 @@ class ResumableLoader(DataLoader):
         self.served = 0  # batches of the current epoch handed out
 
     def __iter__(self) -> Iterator[Any]:
-        pending = getattr(self.order, "pending", None)
-        self.served = pending[1] // self.batch_size if pending else 0
+        pending = getattr(self.order, "pending", None)  # EpochOrder's resumed epoch, or EpochShard's skip
+        skip = self.order.skip if isinstance(self.order, EpochShard) else pending[1] if pending else 0
+        self.served = skip // self.batch_size
         for batch in super().__iter__():
             self.served += 1
             yield batch
 
     def state_dict(self) -> dict[str, Any]:
+        if isinstance(self.order, EpochShard):
+            return {"served": self.served}
         if not isinstance(self.order, EpochOrder):
             return {}
         return {"generator": self.order.epoch_start, "served": self.served}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if not state or not isinstance(self.order, EpochOrder):
+        if isinstance(self.order, EpochShard) and "served" in state:
+            if state["served"] < len(self):  # an epoch over: the next one is drawn from its own epoch number
+                self.order.resume(state["served"] * self.batch_size)
+            return
+        if not state or not isinstance(self.order, EpochOrder) or "generator" not in state:
             return
         if state["served"] < len(self):
             self.order.resume(state["generator"], state["served"] * self.batch_size)
