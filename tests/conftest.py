@@ -29,18 +29,23 @@ def _quiet_and_deterministic():
 
 @pytest.fixture(scope="session")
 def distributed_runs(tmp_path_factory) -> tuple:
-    """Every two-process scenario of ``tests/test_ddp.py`` and ``tests/test_trajectory.py``, in three launches (one
-    node; the resumes from the first launch's checkpoints; two simulated nodes) instead of one each: ``(root, runs)``,
-    ``runs[name]`` each rank's record. The tests that use it share one xdist worker (``xdist_group("ranks")``)."""
-    from tests.helpers import DISTRIBUTED, run_scenarios, saved_checkpoints
+    """Every two-process scenario of ``tests/test_ddp.py``, ``tests/test_trajectory.py`` and the golden DDP runs, in
+    two launches (a launch costs more than most fits): one node, each saving run followed by its resume from its
+    second checkpoint; then two simulated nodes. ``(root, runs)``, ``runs[name]`` each rank's record. The tests
+    that use it share one xdist worker (``xdist_group("ranks")``)."""
+    from tests.helpers import DISTRIBUTED, SAVE_EVERY, run_scenarios
 
     root = tmp_path_factory.mktemp("ranks")
-    runs = run_scenarios(root, DISTRIBUTED)
     resumed = {  # from each saving run's second checkpoint: step 32 (an epoch's end) or 40 (inside an epoch)
-        name.replace("save", "resumed"): (kind, strategy, str(saved_checkpoints(root / name)[1]), *batches)
-        for name, (kind, strategy, resume, *batches) in DISTRIBUTED.items()
+        name.replace("save", "resumed"): (
+            kind,
+            strategy,
+            str(root / name / "ckpt" / f"step={2 * SAVE_EVERY[how]}.ckpt"),
+            *batches,
+        )
+        for name, (kind, strategy, how, *batches) in DISTRIBUTED.items()
         if name.startswith("save")
     }
-    runs |= run_scenarios(root, resumed)
+    runs = run_scenarios(root, DISTRIBUTED | resumed)  # in this order: each saving run before its resume
     runs |= run_scenarios(root, {"two-nodes": ("linear", "ddp", "")}, nodes=2)
     return root, runs

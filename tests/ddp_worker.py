@@ -31,6 +31,7 @@ from tests.helpers import (
     FAST_PHASES,
     LEARNED,
     RULE_PHASES,
+    SAVE_EVERY,
     MuonModel,
     RegressionModel,
     flat_params,
@@ -95,9 +96,6 @@ class Record(L.Callback):
 
 
 FRESH_RNG = torch.random.get_rng_state()  # each scenario starts from it, as in a process of its own
-
-
-SAVE_EVERY = {"save": 16, "save-midepoch": 20}  # steps between checkpoints: at epoch ends, or inside epochs
 
 
 def _after_fit(trainer: L.Trainer, model: L.LightningModule) -> dict[str, Any]:

@@ -33,13 +33,14 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_hybrid import hybrid_callbacks
 from tests.helpers import (
+    DISTRIBUTED,
     RegressionModel,
     flat_params,
     hybrid_trainer,
     loader,
     phases,
     resume_callbacks,
-    run_ranks,
+    run_scenarios,
     scheduler_of,
 )
 
@@ -175,10 +176,24 @@ def _resume(root: Path, hybrid: Callable[[], list], step: int, **model: Any) -> 
     return checkpointed_run(root, hybrid(), root / "ckpt" / f"step={step}.ckpt", model=model)
 
 
-def _ranks(root: Path, kind: str, strategy: str) -> dict:
-    rank0, rank1 = run_ranks(root, kind, strategy=strategy)
+# the two-rank golden runs: each a scenario of tests/helpers.DISTRIBUTED, which the suite launches once for all
+RANKS = {
+    "ddp_accepting": "linear",
+    "ddp_rolling_back": "exploding",
+    "ddp_outer": "outer",
+    "fsdp_accepting": "linear-fsdp",
+}
+
+
+def ranks_outcome(ranks: list[dict]) -> dict:
+    """The golden record of a two-rank scenario's ranks (:func:`~tests.helpers.run_scenarios`), which must agree."""
+    rank0, rank1 = ranks
     assert torch.equal(rank0["params"], rank1["params"])
     return outcome(rank0["params"], rank0["summary"], phase_list=rank0["phases"])
+
+
+def _ranks(root: Path, name: str) -> dict:
+    return ranks_outcome(run_scenarios(root, {name: DISTRIBUTED[RANKS[name]]})[name])
 
 
 def scenarios(root: Path) -> dict[str, Callable[[], dict]]:
@@ -207,10 +222,7 @@ def scenarios(root: Path) -> dict[str, Callable[[], dict]]:
             root / "outer", lambda: hybrid_callbacks(**OUTER_REJECTING), 30, lr=3e-2
         ),
         **{key: (lambda name=name: _resume_fixture(root / name, name)) for key, name in fixtures.items()},
-        "ddp_accepting": lambda: _ranks(root / "ddp", "linear", "ddp"),
-        "ddp_rolling_back": lambda: _ranks(root / "ddp_rb", "exploding", "ddp"),
-        "ddp_outer": lambda: _ranks(root / "ddp_outer", "outer", "ddp"),
-        "fsdp_accepting": lambda: _ranks(root / "fsdp", "linear", "fsdp"),
+        **{name: (lambda name=name: _ranks(root, name)) for name in RANKS},
     }
 
 

@@ -6,6 +6,7 @@ No test imports another test module (``tests/test_import_layers.py`` checks it):
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import socket
@@ -426,6 +427,29 @@ def app_config(tmp_path: Path, *overrides: str, base: list[str] = APP_TINY) -> A
         return compose("train", overrides=[*base, f"paths.output_dir={tmp_path}", *overrides])
 
 
+def console(*argv: str) -> int | str | None:
+    """``lightning-hybrid-train *argv`` in this process, as the console script runs it: its exit status, or the line
+    it exits with (``sys.exit(message)`` prints that one line to stderr). A process of its own costs seconds of
+    imports; one test runs the real console script. Hydra's and the app's logging set-up is undone after."""
+    from lightning_hybrid import train
+
+    loggers = [logging.getLogger(name) for name in ("", "lightning", "lightning.pytorch")]
+    saved = [(lg, list(lg.handlers), lg.level, lg.propagate) for lg in loggers]
+    argv_before = sys.argv
+    sys.argv = ["lightning-hybrid-train", *argv]
+    try:
+        train.main()
+    except SystemExit as exit_:
+        return exit_.code
+    finally:
+        sys.argv = argv_before
+        for lg, handlers, level, propagate in saved:
+            lg.handlers[:] = handlers
+            lg.setLevel(level)
+            lg.propagate = propagate
+    return 0
+
+
 # -------------------------------------------------------------------------------------------------------- DDP ranks
 
 
@@ -467,6 +491,7 @@ FSDP_UNITS = ("fsdp-per-layer", "plain-fsdp-per-layer", "fsdp", "plain-fsdp")  #
 # batches]) (see tests/ddp_worker.py); "save" checkpoints every 16 steps (epoch ends), "save-midepoch" every 20, and
 # a `resumed-` run goes on from the `save-` run's second checkpoint.
 MIDEPOCH_LOADERS = ("shuffled", "resumable")
+SAVE_EVERY = {"save": 16, "save-midepoch": 20}  # steps between checkpoints: at epoch ends, or inside epochs
 DISTRIBUTED = {
     "linear": ("linear", "ddp", ""),
     "exploding": ("exploding", "ddp", ""),

@@ -5,7 +5,6 @@ import logging
 import re
 import shutil
 import subprocess
-import sys
 import warnings
 from dataclasses import fields
 from pathlib import Path
@@ -20,7 +19,7 @@ from lightning_hybrid.predictors import PREDICTORS, OuterMomentum
 from lightning_hybrid.runner import _build, run
 from lightning_hybrid.schema import PREDICTOR_SETTINGS, HybridSettings, setting_names
 from lightning_hybrid.train import CONFIG_MODULE
-from tests.helpers import APP_PHASES, APP_SMALL_GPT, APP_STEPS, APP_TINY, APP_TRAINER, ROOT, app_config
+from tests.helpers import APP_PHASES, APP_SMALL_GPT, APP_STEPS, APP_TINY, APP_TRAINER, ROOT, app_config, console
 
 
 def scalars(log_dir: Path, tag: str) -> list[int]:
@@ -281,29 +280,27 @@ def test_the_progress_bar_switched_off_drops_the_apps_bar_instead_of_failing(tmp
     assert (tmp_path / "checkpoints" / "hybrid" / "last.ckpt").is_file()  # the other default callbacks ran
 
 
-def _cli(*args, cwd, base=APP_TINY):
-    """Run a command line with the ``base`` overrides appended; they must not repeat a key of ``args``."""
-    return subprocess.run([*args, *base], cwd=cwd, capture_output=True, text=True, timeout=600)
-
-
 @pytest.mark.slow
-def test_console_script_trains_and_rejects_a_bad_key(tmp_path):
+def test_the_console_script_trains(tmp_path):
+    """The installed ``lightning-hybrid-train`` in a process of its own, as a user types it; the other app tests
+    run its ``main`` in the test's process (``tests.helpers.console``)."""
     script = shutil.which("lightning-hybrid-train")
     assert script, "the package's console script is not installed (pip install -e .)"
-    ok = _cli(script, f"paths.output_dir={tmp_path}", cwd=tmp_path)
+    ok = subprocess.run([script, *APP_TINY, f"paths.output_dir={tmp_path}"], cwd=tmp_path, capture_output=True,
+                        text=True, timeout=600)  # fmt: skip
     assert ok.returncode == 0, ok.stderr[-3000:]
     assert "litlogger" not in ok.stdout + ok.stderr and "LeafSpec" not in ok.stdout + ok.stderr  # Lightning's asides
     assert re.search(r"final val_loss: \d+\.\d{4}", ok.stdout)
     assert (tmp_path / "tensorboard" / "hybrid" / "hybrid_summary.json").exists()
-    bad = _cli(script, "hybrid.max_predict_stepz=3", cwd=tmp_path)
-    assert bad.returncode != 0
-    assert "`hybrid.max_predict_stepz` is not a setting; did you mean `hybrid.max_predict_steps`?" in bad.stderr
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     ("override", "said"),
     [
+        (
+            "hybrid.max_predict_stepz=3",
+            "`hybrid.max_predict_stepz` is not a setting; did you mean `hybrid.max_predict_steps`?",
+        ),
         ("hybrid.outer_lr=0.5", "`hybrid.outer_lr` is a setting of the predictor group: use predictor.outer_lr=..."),
         ("+hybrid.ful_steps=10", "`hybrid.ful_steps` is not a setting; did you mean `hybrid.full_steps`?"),
         (
@@ -316,12 +313,12 @@ def test_console_script_trains_and_rejects_a_bad_key(tmp_path):
     ],
 )
 def test_a_misplaced_or_misspelt_setting_is_refused_before_hydra_composes(tmp_path, override, said):
-    bad = _cli(sys.executable, "-m", "lightning_hybrid.train", override, cwd=tmp_path, base=[])
-    assert bad.returncode != 0 and said in bad.stderr, bad.stderr[-2000:]
+    said_by_the_app = console(override)
+    assert isinstance(said_by_the_app, str) and said in said_by_the_app, said_by_the_app
+    assert said_by_the_app.startswith("lightning-hybrid-train: ") and "\n" not in said_by_the_app  # one line
     assert not (tmp_path / "logs").exists()  # refused before any run folder was made
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     ("override", "said"),
     [
@@ -332,30 +329,17 @@ def test_a_misplaced_or_misspelt_setting_is_refused_before_hydra_composes(tmp_pa
         ),
     ],
 )
-def test_a_value_refused_before_training_is_one_line_and_leaves_no_run_folder(tmp_path, override, said):
+def test_a_value_refused_before_training_is_one_line_and_leaves_no_run_folder(tmp_path, capfd, override, said):
     """Hydra made the run's folder; the app refuses the value (the component's own message, one line, no
     traceback) and removes the folder it left empty, and its parents up to the working directory."""
-    bad = _cli(sys.executable, "-m", "lightning_hybrid.train", override, cwd=tmp_path, base=[])
-    assert bad.returncode == 1 and bad.stderr.splitlines()[-1] == f"lightning-hybrid-train: {said}", bad.stderr[-2000:]
-    assert "Traceback" not in bad.stderr and not (tmp_path / "logs").exists()
+    assert console(override) == f"lightning-hybrid-train: {said}"
+    assert "Traceback" not in capfd.readouterr().err and not (tmp_path / "logs").exists()
 
 
-@pytest.mark.slow
 def test_the_console_scripts_compare_writes_its_table_and_summary_to_the_runs_log_and_a_plot(tmp_path):
     base = [o for o in APP_TRAINER if not o.startswith(("predictor", "hybrid"))] + APP_SMALL_GPT
-    out = _cli(
-        sys.executable,
-        "-m",
-        "lightning_hybrid.train",
-        "mode=compare",
-        f"hydra.run.dir={tmp_path}",
-        "hybrid.warmup_steps=3",
-        "hybrid.full_steps=3",
-        "predictor.verify_window=2",
-        cwd=tmp_path,
-        base=base,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
+    phases = ["hybrid.warmup_steps=3", "hybrid.full_steps=3", "predictor.verify_window=2"]
+    assert console(*base, "mode=compare", f"hydra.run.dir={tmp_path}", *phases) == 0
     log = (tmp_path / "train.log").read_text()
     assert "at plain's final loss: step" in log and "validated at steps 6" in log
     assert "hybrid (jumps, outer): 12 steps (warmup 3, full 9)" in log  # Lightning's messages reach it too
@@ -363,20 +347,10 @@ def test_the_console_scripts_compare_writes_its_table_and_summary_to_the_runs_lo
     assert (tmp_path / "compare.png").exists()
 
 
-@pytest.mark.slow
 def test_multirun_writes_one_folder_per_job(tmp_path):
     sweep = tmp_path / "sweep"
-    out = _cli(
-        sys.executable,
-        "-m",
-        "lightning_hybrid.train",
-        "--multirun",
-        "hybrid.confidence_threshold=0.0,0.9",
-        f"hydra.sweep.dir={sweep}",
-        cwd=ROOT,
-        base=APP_TRAINER + APP_SMALL_GPT + [p for p in APP_PHASES if "confidence" not in p],
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
+    base = APP_TRAINER + APP_SMALL_GPT + [p for p in APP_PHASES if "confidence" not in p]
+    assert console("--multirun", *base, "hybrid.confidence_threshold=0.0,0.9", f"hydra.sweep.dir={sweep}") == 0
     jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir() and not p.name.startswith("."))
     assert jobs == ["0", "1"]
     skipped = [
@@ -389,18 +363,9 @@ def test_multirun_writes_one_folder_per_job(tmp_path):
 @pytest.mark.slow
 def test_optuna_search_tunes_the_hybrid_settings(tmp_path):
     sweep = tmp_path / "optuna"
-    out = _cli(
-        sys.executable,
-        "-m",
-        "lightning_hybrid.train",
-        "hparams_search=hybrid_optuna",
-        "hydra.sweeper.n_trials=2",
-        f"hydra.sweep.dir={sweep}",
-        cwd=ROOT,
-        # the default rule, its settings free
-        base=[o for o in APP_TRAINER if not o.startswith("predictor")] + APP_SMALL_GPT,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
+    # the default rule, its settings free
+    base = [o for o in APP_TRAINER if not o.startswith("predictor")] + APP_SMALL_GPT
+    assert console(*base, "hparams_search=hybrid_optuna", "hydra.sweeper.n_trials=2", f"hydra.sweep.dir={sweep}") == 0
     results = (sweep / "optimization_results.yaml").read_text()
     best = float(re.search(r"best_value: ([0-9.e+-]+)", results).group(1))
     assert 0 < best < 10 and "predictor.outer_lr" in results

@@ -16,7 +16,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from lightning_hybrid.runner import run
 from lightning_hybrid.schema import share
-from tests.helpers import APP_PHASES, APP_SMALL_GPT, APP_TRAINER, app_config
+from tests.helpers import APP_PHASES, APP_SMALL_GPT, APP_TRAINER, app_config, console
 
 STEPS = 24
 # the tiny predicting run of test_app, with the callbacks group's checkpoints (not its progress bar: the Trainer's
@@ -188,21 +188,20 @@ def test_a_plain_checkpoint_does_not_resume_a_hybrid_run(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_killed_console_run_resumes_from_last_as_if_never_stopped(tmp_path, reference):
+def test_a_killed_console_run_resumes_from_last_as_if_never_stopped(tmp_path, capfd, reference):
+    """The console script SIGKILLed mid-run, in a process of its own; then ``ckpt_path=last`` (the console's
+    ``main``, in this process) finds its last checkpoint and ends as the uninterrupted run."""
     script = shutil.which("lightning-hybrid-train")
     assert script, "the package's console script is not installed (pip install -e .)"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}  # as here
-
-    def console(folder: Path, *overrides: str) -> subprocess.CompletedProcess:
-        args = [script, *BASE, f"hydra.run.dir={folder}", "checkpoint_every=1", *overrides]
-        return subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-
     kill = ["+callbacks.kill._target_=tests.app_models.KillAt", "+callbacks.kill.step=13"]
-    killed = console(tmp_path / "killed", *kill)
+    args = [script, *BASE, f"hydra.run.dir={tmp_path / 'killed'}", "checkpoint_every=1", *kill]
+    killed = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert killed.returncode == -9, killed.stderr[-2000:]  # SIGKILL, mid-run
     last = torch.load(tmp_path / "killed" / "checkpoints" / "hybrid" / "last.ckpt", weights_only=True)
     assert last["global_step"] == 13
-    resumed = console(tmp_path / "resumed", "ckpt_path=last", f"run_dir={tmp_path / 'killed'}")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resuming from" in resumed.stdout and "killed" in resumed.stdout
+    resume = ["ckpt_path=last", f"run_dir={tmp_path / 'killed'}"]
+    assert console(*BASE, f"hydra.run.dir={tmp_path / 'resumed'}", "checkpoint_every=1", *resume) == 0
+    out = capfd.readouterr().out
+    assert "resuming from" in out and "killed" in out
     _assert_same_end(tmp_path / "resumed", reference["linear"])

@@ -1,8 +1,7 @@
 """The example scripts train end to end (a few steps here; the README runs them in full), on local data."""
 
+import importlib
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -28,19 +27,24 @@ def torch_equal_shifted(data, x, y):
     return bytes(x[1:].tolist()) == bytes(y[:-1].tolist()) and bytes(x.tolist()) == data[48:64]
 
 
-@pytest.mark.slow
-def test_example_script_runs_and_writes_its_summary(tmp_path):
+def run_example(script: str, *args: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``python -m examples.<script> *args``, in this process (a process of its own costs seconds of imports)."""
+    module = importlib.import_module(f"examples.{script}")
+    monkeypatch.setattr(sys, "argv", [f"examples/{script}.py", *args])
+    module.main()
+
+
+def test_example_script_runs_and_writes_its_summary(tmp_path, capfd, monkeypatch):
     """The default only: the per-step predictors train through Lightning in test_resume and the golden runs."""
     predictor = "outer"
-    cmd = [sys.executable, "-m", "examples.char_gpt", "--max-steps", "30", "--root", str(tmp_path)]
-    cmd += ["--predictor", predictor]
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "final val_loss" in out.stdout
+    run_example(
+        "char_gpt", "--max-steps", "6", "--root", str(tmp_path), "--predictor", predictor, monkeypatch=monkeypatch
+    )
+    assert "final val_loss" in capfd.readouterr().out
     summaries = list(tmp_path.rglob("hybrid_summary.json"))
     assert len(summaries) == 1
     summary = json.loads(summaries[0].read_text())
-    assert summary["steps_total"] == 30 and summary["predictor"] == predictor
+    assert summary["steps_total"] == 6 and summary["predictor"] == predictor
 
 
 def test_word_corpus_and_vocabulary_are_deterministic():
@@ -61,17 +65,14 @@ def test_digits_split_is_seeded_and_disjoint():
     assert len(a.val_set) == int(1797 * 0.2)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("script", ["digits_cnn", "word_lstm", "finetune"])
-def test_other_example_scripts_run(tmp_path, script):
-    cmd = [sys.executable, "-m", f"examples.{script}", "--max-steps", "20", "--root", str(tmp_path)]
-    cmd += ["--pretrain-steps", "5"] if script == "finetune" else []  # a quick pretraining, cached in tmp_path
-    env = {**os.environ, "LIGHTNING_HYBRID_CACHE": str(tmp_path / "cache")}
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "final val_loss" in out.stdout
+def test_other_example_scripts_run(tmp_path, capfd, monkeypatch, script):
+    args = ["--pretrain-steps", "3"] if script == "finetune" else []  # a quick pretraining, cached in tmp_path
+    monkeypatch.setenv("LIGHTNING_HYBRID_CACHE", str(tmp_path / "cache"))
+    run_example(script, "--max-steps", "6", "--root", str(tmp_path), *args, monkeypatch=monkeypatch)
+    assert "final val_loss" in capfd.readouterr().out
     (summary,) = tmp_path.rglob("hybrid_summary.json")
-    assert json.loads(summary.read_text())["steps_total"] == 20
+    assert json.loads(summary.read_text())["steps_total"] == 6
 
 
 def test_the_demos_report_torchmetrics_validation_metrics():
@@ -113,13 +114,11 @@ def test_the_gpt_demos_fuse_adamw_where_fused_says():
         CharGPT(fused="yes")
 
 
-@pytest.mark.slow
-def test_the_muon_example_trains_two_optimizers_as_one_trajectory(tmp_path):
-    cmd = [sys.executable, "-m", "examples.muon_gpt", "--max-steps", "30", "--root", str(tmp_path)]
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
+def test_the_muon_example_trains_two_optimizers_as_one_trajectory(tmp_path, capfd, monkeypatch):
+    run_example("muon_gpt", "--max-steps", "4", "--root", str(tmp_path), monkeypatch=monkeypatch)
     (path,) = tmp_path.rglob("hybrid_summary.json")
     summary = json.loads(path.read_text())
-    assert summary["steps_total"] == 30 and summary["mode"] == "jumps" and "stepped_aside" not in summary
-    assert "trained 30 batches (60 optimizer steps)" in out.stdout  # --max-steps counts batches, and says so
-    assert "phase=" in out.stdout and "Epoch 0/-2" not in out.stdout + out.stderr  # the hybrid bar, not Rich
+    assert summary["steps_total"] == 4 and summary["mode"] == "jumps" and "stepped_aside" not in summary
+    out = capfd.readouterr()
+    assert "trained 4 batches (8 optimizer steps)" in out.out  # --max-steps counts batches, and says so
+    assert "phase=" in out.out + out.err and "Epoch 0/-2" not in out.out + out.err  # the hybrid bar, not Rich

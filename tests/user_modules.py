@@ -30,9 +30,9 @@ def token_loader(n: int = 512, batch_size: int = 16, seed: int = 1) -> DataLoade
 class TokenData(L.LightningDataModule):
     """The token windows shuffled by a loader that Lightning checkpoints mid-epoch: torchdata's ``StatefulDataLoader``
     as users first write it (``"shuffled"``: ``shuffle=True``, in processes seeded apart; on several ranks the
-    plugin's strategies give it one permutation, sharded), or with torchdata's ``StatefulDistributedSampler`` (``"stateful"``, for
-    ``use_distributed_sampler=False``), built here, once the process group is up; or the demos' ``ResumableLoader``
-    (``"resumable"``; Lightning gives it a ``DistributedSampler``)."""
+    plugin's strategies give it one permutation, sharded), or with torchdata's ``StatefulDistributedSampler``
+    (``"stateful"``, for ``use_distributed_sampler=False``), built here, once the process group is up; or the demos'
+    ``ResumableLoader`` (``"resumable"``; Lightning gives it a ``DistributedSampler``)."""
 
     def __init__(self, kind: str) -> None:
         super().__init__()
