@@ -26,6 +26,13 @@ def test_no_table_or_count_of_the_record_is_written_by_hand():
     assert not COUNT.findall(prose)
 
 
+def test_the_records_stay_within_their_size():
+    """A record nobody reads in full records nothing: the performance record within 300 lines, the CHANGELOG 150."""
+    changelog = PERFORMANCE.parents[1] / "CHANGELOG.md"
+    assert len(PERFORMANCE.read_text().splitlines()) <= 300
+    assert len(changelog.read_text().splitlines()) <= 150
+
+
 def test_the_readmes_results_and_status_are_written_from_the_files():
     readme = README.read_text()
     results = readme.split("## What to expect at your scale", 1)[1].split("\n## ", 1)[0]
