@@ -80,6 +80,9 @@ OVERHEAD_WHAT = {
 }
 OVERHEAD_ROUNDS, OVERHEAD_STEPS = 3, 200  # 200: eight jumps, at steps 61, 81, ...
 PROFILE_STEPS, BUSY_START = 100, 45  # the profiled window: steps 45-65, a jump (step 61) in it
+# the profiled window's steps; the suite's dry run profiles fewer, since torch's parse of a window's CPU events (10,000
+# a step of the dry run's 149 tensors) takes about a second a step
+BUSY_STEPS = 20
 SWEEP_RATES = (3e-4, 6e-4, 1.2e-3)  # plain's rates at 1,000 steps; GPT-2 small trains at 6e-4
 QUALITY_STEPS, QUALITY_SEEDS = 1000, 3
 PARAMETERS = 85_645_824  # the 85M model's, counted (a test builds it): the record's tokens a parameter and copies
@@ -192,11 +195,11 @@ def profile(call: Call) -> dict[str, Any]:
     """Each cycle's end and jump of the default, timed alone and counted, with its state on the device and on the
     host, and the GPU's busy share over 20 steps with a jump (dry: the GPT-2 shape at width 16, on the CPU)."""
     size = SMALL_GPT2 if call.dry else ["trainer=gpu"]
-    steps = BUSY_START + 21 if call.dry else PROFILE_STEPS  # dry: the busy window's jump, and no more
+    steps = BUSY_START + BUSY_STEPS + 1 if call.dry else PROFILE_STEPS  # dry: the busy window, and no more
     out = {}
     for where, extra in (("on_device", []), ("on_host", ["predictor.state_on_host=true"])):
         cfg = gpt_config("tiny" if call.dry else "85M", steps, call.workdir, [*size, *JUMPING, *extra])
-        busy = BusyWindow(BUSY_START, 20) if where == "on_device" else None
+        busy = BusyWindow(BUSY_START, BUSY_STEPS) if where == "on_device" else None
         out[where] = measure(cfg, busy, timed=not (call.dry and where == "on_host"))  # dry: the host's counted only
     return out
 

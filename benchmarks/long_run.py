@@ -1,6 +1,6 @@
 """Memory over a long hybrid run: memory in use, live tensors and the parameters' addresses, sampled about every
-250 steps at the end of a Full step (Predict frees gradients, optimizer state and, with ``aggressive``, the update
-buffer, so samples are taken where the same buffers are alive).
+250 steps (``--sample-every``) at the end of a Full step (Predict frees gradients, optimizer state and, with
+``aggressive``, the update buffer, so samples are taken where the same buffers are alive).
 
     python -m benchmarks.long_run                                   # char GPT at 1M parameters, 3000 steps
     python -m benchmarks.long_run --task char_gpt_gpt2 --steps 1000 trainer=gpu      # on a GPU
@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", default="char_gpt", choices=("char_gpt", "char_gpt_gpt2"))
     parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--sample-every", type=int, default=250, help="steps between samples (the suite's: 20)")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default: benchmarks/results/<device>)")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         cfg = compose_run(args.task, "default", 0, [*overrides, *args.overrides], workdir)
         with open_dict(cfg):
             cfg.trainer.max_steps = cfg.model.max_steps = args.steps
-        sampler = MemorySampler()
+        sampler = MemorySampler(args.sample_every)
         trainer, hybrid_peak = fit_measured(cfg, hybrid=True, callbacks=[sampler])
         plain_peak = fit_measured(cfg, hybrid=False)[1] if hybrid_peak is not None else None
     counters = find_scheduler(trainer).counters

@@ -33,6 +33,7 @@ import argparse
 import contextlib
 import functools
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -223,15 +224,34 @@ def peak_memory(size: str, steps: int, label: str, workdir: str) -> dict[str, An
 QUICK_MEMORY_RUNS = ("plain", "linear_predicting", "outer")  # --quick: one run of each kind checks the machinery
 
 
+def in_a_fork(label: str, size: str, steps: int, workdir: str) -> dict[str, Any]:
+    """:func:`peak_memory` of one run in a child forked from this process: each run starts from the same memory,
+    the imports made once (a fresh interpreter spends seconds importing Lightning before it runs anything)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: one fit, its figures through the pipe, then out without the interpreter's teardown
+        os.close(read)
+        try:
+            os.write(write, json.dumps(peak_memory(size, steps, label, workdir)).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        said = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    if status != 0 or not said:
+        raise RuntimeError(f"the memory run {label!r} failed (wait status {status})")
+    return json.loads(said)
+
+
 def memory(size: str, steps: int, threads: int, labels: tuple[str, ...] = tuple(MEMORY_RUNS)) -> dict[str, Any]:
-    """Each run of ``labels`` (of ``MEMORY_RUNS``) in its own process; every hybrid one's growth over plain's."""
-    runs = {}
-    for label in labels:
-        cmd = [sys.executable, "-m", "benchmarks.overheads", "--memory-child", label, "--sizes", size]
-        cmd += ["--child-steps", str(steps), "--threads", str(threads)]
-        root = Path(__file__).parent.parent  # where `-m benchmarks` imports from
-        lines = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=root).stdout.strip().splitlines()
-        runs[label] = json.loads(lines[-1])
+    """Each run of ``labels`` (of ``MEMORY_RUNS``) in a process of its own, forked from one fresh process that only
+    imported; every hybrid one's growth over plain's."""
+    cmd = [sys.executable, "-m", "benchmarks.overheads", "--memory-child", *labels, "--sizes", size]
+    cmd += ["--child-steps", str(steps), "--threads", str(threads)]
+    root = Path(__file__).parent.parent  # where `-m benchmarks` imports from
+    lines = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=root).stdout.strip().splitlines()
+    runs = dict(zip(labels, map(json.loads, lines[-len(labels) :])))
     plain = runs["plain"]
     extra = {
         label: {k: run[k] - plain[k] for k in plain if k.startswith("peak_")}
@@ -322,13 +342,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--rounds", type=int, default=None, help="alternating rounds (default: the size's own)")
-    parser.add_argument("--memory-child", choices=list(MEMORY_RUNS), help=argparse.SUPPRESS)
+    parser.add_argument("--memory-child", nargs="+", choices=list(MEMORY_RUNS), help=argparse.SUPPRESS)
     parser.add_argument("--child-steps", type=int, default=40, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    if args.memory_child:
+    if args.memory_child:  # a fresh process: one fork a run, each printing its figures on a line of its own
         with tempfile.TemporaryDirectory() as workdir:
-            print(json.dumps(peak_memory(args.sizes[0], args.child_steps, args.memory_child, workdir)))
+            for label in args.memory_child:
+                print(json.dumps(in_a_fork(label, args.sizes[0], args.child_steps, workdir)), flush=True)
         return
     results: dict[str, Any] = {"machine": machine(), "sizes": {}}
     with tempfile.TemporaryDirectory() as workdir:

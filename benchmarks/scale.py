@@ -60,6 +60,7 @@ GRIDS = {
     "size": [(size, SHARED_LENGTH) for size in SIZES],
 }
 SEEDS = 3
+VALIDATIONS = 20  # a run's; the suite's cells of a few dozen steps validate less often (validation was most of them)
 # configuration -> (overrides, the rate's factor); the hybrid ones run with the plugin
 CONFIGS = {
     "default": ([], 1.0),
@@ -106,8 +107,9 @@ class Cell:
 
     @property
     def length(self) -> Length:
-        every = max(1, round(self.tokens_per_param * self.params / TOKENS_PER_STEP / 20))
-        return Length(20 * every, every, val_batches(20 * every), self.name)  # validated 20 times, the last at its end
+        every = max(1, round(self.tokens_per_param * self.params / TOKENS_PER_STEP / VALIDATIONS))
+        steps = VALIDATIONS * every  # validated VALIDATIONS times, the last at its end
+        return Length(steps, every, val_batches(steps), self.name)
 
 
 def val_batches(steps: int) -> int:
@@ -310,47 +312,94 @@ def cells_table(cells: list[Cell]) -> str:
     return "\n".join(lines)
 
 
+PANELS = {**AXES, "loss": "loss at plain's last step"}  # the loss's spread over seeds is the tightest
+STYLES = {
+    "default": {"marker": "o"},
+    "gpa": {"marker": "^"},
+    "gpa_scaled": {"marker": "v"},
+    "nudged": {"marker": "s", "linestyle": ":"},
+}
+
+
+@dataclass(frozen=True)
+class Point:
+    """One configuration in one cell of a plot, by the tables' rule (``benchmarks.report.seeds_cell``): the median
+    over seeds, a seed that never reached plain's loss counting as the slowest (``None`` where half or more never
+    did), the range of those that reached it, and how many did not."""
+
+    x: float
+    median: float | None
+    low: float | None
+    high: float | None
+    missed: int
+    seeds: int
+
+
+def plot_points(grid: str, panel: str, config: str) -> list[Point]:
+    """``config``'s points in ``panel`` (an axis of ``AXES``, or ``"loss"``) along the grid's cells that ran it."""
+    points = []
+    for cell in (Cell(size, tokens) for size, tokens in GRIDS[grid]):
+        values = [s[panel] for s in ((cell_figures(cell) or {}).get(config) or [])]
+        if values:
+            known = [v for v in values if v is not None]
+            x = cell.tokens_per_param if grid == "length" else cell.params / 1e6
+            low, high = (min(known), max(known)) if known else (None, None)
+            points.append(Point(x, median_over_seeds(values), low, high, len(values) - len(known), len(values)))
+    return points
+
+
 def plot(grid: str, path: Path) -> None:
-    """The default's gain (median and range over seeds) against the grid's axis, beside the nudged control's."""
+    """:func:`figure` of ``grid``, written to ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(grid)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def figure(grid: str) -> Any:
+    """Each rule's figures (median and range over seeds, by the tables' rule) against the grid's axis, beside the
+    nudged control's: backward passes and CPU time to plain's final loss, and the loss at plain's last step. A seed
+    that never got there is drawn at the panel's foot, counted ("1/3": one of three seeds missed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
-    cells = [Cell(size, tokens) for size, tokens in GRIDS[grid]]
-    xs = [c.tokens_per_param if grid == "length" else c.params / 1e6 for c in cells]
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True)
-    for ax, (axis, label) in zip(axes, AXES.items()):
-        styles = {
-            "default": {"marker": "o"},
-            "gpa": {"marker": "^"},
-            "gpa_scaled": {"marker": "v"},
-            "nudged": {"marker": "s", "linestyle": ":"},
-        }
-        for config, style in styles.items():
-            points = []
-            for x, cell in zip(xs, cells):
-                f = cell_figures(cell)
-                values = [s[axis] for s in (f or {}).get(config, []) if s[axis] is not None]
-                if values:
-                    mid = median_over_seeds(values)
-                    points.append((x, mid, mid - min(values), max(values) - mid))
-            if points:
-                px, mid, low, high = zip(*points)
-                ax.errorbar(px, mid, yerr=[low, high], capsize=3, label=f"{config}", **style)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(13, 3.8))
+    for ax, (panel, label) in zip(axes, PANELS.items()):
+        for shift, (config, style) in enumerate(STYLES.items()):
+            points, colour = plot_points(grid, panel, config), colours[shift]
+            nudge = 1.03 ** (shift - 1.5)  # side by side, so the ranges do not hide one another
+            drawn = [p for p in points if p.median is not None]
+            if drawn:
+                below = [p.median - p.low for p in drawn]
+                above = [p.high - p.median for p in drawn]
+                ax.errorbar([p.x * nudge for p in drawn], [p.median for p in drawn], yerr=[below, above],
+                            capsize=3, label=config, color=colour, **style)  # fmt: skip
+            for p in (p for p in points if p.missed):  # at the foot, one row a configuration
+                foot = ax.get_xaxis_transform()
+                ax.plot(p.x * nudge, 0.04 + 0.07 * shift, marker="x", color=colour, transform=foot)
+                ax.annotate(f" {p.missed}/{p.seeds}", (p.x * nudge, 0.04 + 0.07 * shift), xycoords=foot,
+                            fontsize=7, color=colour, va="center")  # fmt: skip
         ax.axhline(1.0, color="grey", linewidth=0.8)
         ax.set_xscale("log")
+        xs = sorted({p.x for config in STYLES for p in plot_points(grid, panel, config)})
+        ax.set_xticks(xs, [f"{x:.2g}" for x in xs])  # plain numbers, not 2x10^0
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("tokens per parameter" if grid == "length" else "parameters (millions)")
-        ax.set_title(f"{label} to plain's final loss, plain / run")
-        ax.legend(fontsize=8)
+        ax.set_title(f"{label}, run / plain" if panel == "loss" else f"{label} to plain's final loss, plain / run",
+                     fontsize=9)  # fmt: skip
+        ax.legend(fontsize=7)
     fig.suptitle(
-        "the 0.44M char GPT as runs grow longer"
+        "the 0.44M char GPT as runs grow longer (x: seeds that never reached plain's loss)"
         if grid == "length"
-        else f"the char GPT as it grows, at {SHARED_LENGTH:g} tokens a parameter"
+        else f"the char GPT as it grows, at {SHARED_LENGTH:g} tokens a parameter (x: seeds that never reached it)"
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 def sweeps() -> str:

@@ -33,7 +33,7 @@ def distributed_runs(tmp_path_factory) -> tuple:
     two launches (a launch costs more than most fits): one node, each saving run followed by its resume from its
     second checkpoint; then two simulated nodes. ``(root, runs)``, ``runs[name]`` each rank's record. The tests
     that use it share one xdist worker (``xdist_group("ranks")``)."""
-    from tests.helpers import DISTRIBUTED, SAVE_EVERY, run_scenarios
+    from tests.helpers import DISTRIBUTED, SAME_RUN, SAVE_EVERY, run_scenarios
 
     root = tmp_path_factory.mktemp("ranks")
     resumed = {  # from each saving run's second checkpoint: step 32 (an epoch's end) or 40 (inside an epoch)
@@ -47,5 +47,6 @@ def distributed_runs(tmp_path_factory) -> tuple:
         if name.startswith("save")
     }
     runs = run_scenarios(root, DISTRIBUTED | resumed)  # in this order: each saving run before its resume
+    runs |= {name: runs[saving] for name, saving in SAME_RUN.items()}
     runs |= run_scenarios(root, {"two-nodes": ("linear", "ddp", "")}, nodes=2)
     return root, runs

@@ -32,6 +32,7 @@ from tests.helpers import (
     LEARNED,
     RULE_PHASES,
     SAVE_EVERY,
+    USER_STEPS,
     MuonModel,
     RegressionModel,
     flat_params,
@@ -114,7 +115,7 @@ def _after_fit(trainer: L.Trainer, model: L.LightningModule) -> dict[str, Any]:
 def main(
     out_dir: str, kind: str, nodes: int = 1, resume: str | None = None, strategy: str = "ddp", batches: str = ""
 ) -> None:
-    """``resume``: ``"save"`` checkpoints at every epoch end (16 steps), ``"save-midepoch"`` every 20 steps, a path
+    """``resume``: ``"save"`` checkpoints at every epoch end (16 steps), ``"save-midepoch"`` every 12 steps, a path
     resumes from that checkpoint; ``"after"`` validates, tests, predicts and fits again after the fit. ``batches``
     (user modules): ``""`` the token windows in order, else a ``TokenData`` kind: ``"stateful"``, ``"shuffled"``
     or ``"resumable"``."""
@@ -139,7 +140,7 @@ def main(
         every = SAVE_EVERY[resume]
         extra.append(ModelCheckpoint(f"{out_dir}/ckpt", every_n_train_steps=every, save_top_k=-1, filename="{step}"))
     trainer, _ = hybrid_trainer(
-        60,
+        USER_STEPS if kind in USER_MODULES else 60,
         hybrid=callbacks,
         extra_callbacks=extra,
         enable_checkpointing=resume in SAVE_EVERY,

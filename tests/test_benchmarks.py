@@ -108,9 +108,10 @@ def test_a_plain_curve_that_turns_up_gives_no_time_to_target():
 
 
 def _run_quick(tmp_path, *overrides):
-    """The quick char GPT task at one layer 32 wide: the harness's code, not the model's size, is under test."""
+    """The quick char GPT task at one layer 32 wide, on batches of 8 windows of 32 bytes: the harness's code, not the
+    model's size, is under test."""
     out = tmp_path / "results"
-    small = ["model.n_layer=1", "model.n_embd=32"]
+    small = ["model.n_layer=1", "model.n_embd=32", "data.batch_size=8", "data.block_size=32"]
     main(["--task", "char_gpt", "--quick", "--seeds", "2", "--name", "t", "--out", str(out), *overrides, *small])
     return json.loads((out / "char_gpt_quick_t.json").read_text()), out
 
@@ -319,10 +320,13 @@ def test_own_time_counts_the_plugins_functions_and_not_lightnings_inside_them():
 
 
 @pytest.mark.slow
-def test_the_host_work_benchmark_reports_every_mode_against_plain_and_a_profile(tmp_path):
+def test_the_host_work_benchmark_reports_every_mode_against_plain_and_a_profile(tmp_path, monkeypatch):
     from benchmarks import host_work
 
-    host_work.main(["--steps", "130", "--rounds", "1", "--out", str(tmp_path)])  # past warmup: a cycle and a half
+    # every mode on cycles of 5 steps after 5 (the defaults': 20 after 100): 25 steps hold four cycle ends, and jumps
+    short = {mode: {**settings, "warmup_steps": 5, "full_steps": 5} for mode, settings in host_work.MODES.items()}
+    monkeypatch.setattr(host_work, "MODES", short)
+    host_work.main(["--steps", "25", "--rounds", "1", "--out", str(tmp_path)])
     result = json.loads((tmp_path / "host_work.json").read_text())
     assert set(result["above_plain_us"]) == set(host_work.MODES) and len(result["plain_step_us"]["rounds"]) == 5
     assert all(len(part["rounds"]) == 1 for parts in result["above_plain_us"].values() for part in parts.values())

@@ -1,10 +1,13 @@
 """A wheel install runs the app with no checkout: the configs ship inside the package (``lightning_hybrid.configs``).
+Its console script is the one test of ``lightning-hybrid-train`` training in a process of its own (the other app
+tests run its ``main`` in theirs; ``tests/test_app_resume.py`` SIGKILLs one).
 
 The wheel is built from this tree and installed into a fresh virtual environment; its dependencies come from the
 environment running the tests (a path entry, not an install), so no package index is needed.
 """
 
 import json
+import re
 import shutil
 import site
 import subprocess
@@ -49,6 +52,7 @@ def test_the_wheel_installed_app_trains_outside_a_checkout(tmp_path):
     run_dir = tmp_path / "elsewhere"
     run_dir.mkdir()
     out = _run(venv / "bin" / "lightning-hybrid-train", f"paths.output_dir={run_dir}", *APP_TINY, cwd=run_dir)
-    assert "final val_loss" in out.stdout
+    assert re.search(r"final val_loss: \d+\.\d{4}", out.stdout)  # the console script, as a user types it
+    assert "litlogger" not in out.stdout + out.stderr and "LeafSpec" not in out.stdout + out.stderr  # no asides
     summary = json.loads((run_dir / "tensorboard" / "hybrid" / "hybrid_summary.json").read_text())
     assert summary["steps_total"] == 12 and summary["backward_skipped"] > 0
