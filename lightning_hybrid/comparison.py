@@ -34,6 +34,9 @@ class RunResult:
     resumed_from: str | None = None  # the checkpoint the run went on from
     reached_plain_at: tuple[int, float, float] | None = None  # step, wall and CPU seconds, first at plain's final loss
     load: tuple[float, float] | None = None  # the machine's 1-minute load average as the fit started and ended
+    val_seconds: float = 0.0  # wall seconds of the validations inside fit
+    val_every: int | None = None  # steps between them (``val_check_interval``), where it counts steps
+    val_batches: int | float | None = None  # batches each (``limit_val_batches``)
 
     @property
     def busy(self) -> float:
@@ -58,9 +61,18 @@ def _steps(plain: RunResult, hybrid: RunResult) -> list[int]:
 
 
 def validated_steps(plain: RunResult, hybrid: RunResult) -> str:
-    """The steps both runs were validated at: a run is known to have reached a loss only at a validation."""
+    """How often the runs were validated, and what it cost: a run is known to have reached a loss only there."""
     steps = _steps(plain, hybrid)
-    return f"validated at steps {', '.join(map(str, steps))}" if steps else "validated only after fit"
+    if not steps:
+        return "validated only after fit"
+    every = f"every {plain.val_every} steps, " if plain.val_every else ""
+    count = len({v[0] for v in plain.validations})
+    batches = f" on {plain.val_batches} batches" if plain.val_batches is not None else ""
+    cost = sum(r.val_seconds for r in (plain, hybrid)) / max(plain.train_seconds + hybrid.train_seconds, 1e-9)
+    return (
+        f"validated {every}{count} times inside each fit{batches}, at steps {', '.join(map(str, steps))}: "
+        f"{cost:.0%} of training's wall time (trainer.val_check_interval, trainer.limit_val_batches)"
+    )
 
 
 def compared(plain: float, hybrid: float, fewer: str, more: str, same: str) -> str:
@@ -98,10 +110,22 @@ def load_changed(plain: RunResult, hybrid: RunResult) -> str | None:
     return "; ".join(why) or None
 
 
+def _resolution(plain: RunResult, hybrid: RunResult) -> str | None:
+    """Why "as many steps" may hide a gain: both runs were first seen at plain's loss at the same validation."""
+    if plain.reached_plain_at[0] != hybrid.reached_plain_at[0]:
+        return None
+    every = f"every {plain.val_every} steps" if plain.val_every else "only where validated"
+    return (
+        f"  (as many steps to the validations' resolution: validated {every}, a gain under that cannot show; "
+        "the loss at equal steps below can)"
+    )
+
+
 def headline(plain: RunResult, hybrid: RunResult) -> list[str]:
-    """What the table leads to: the hybrid run's steps and time to plain's final validation loss, against plain's.
-    Where the load changed during the runs, wall time says more of the machine than of the plugin: then the line
-    rests on steps and CPU time, with wall time after them and the reason."""
+    """What the table leads to: the hybrid run's steps and time to plain's final validation loss, against plain's,
+    and the validations' resolution where it limits the answer. Where the load changed during the runs, time says
+    more of the machine than of the plugin (CPU time too: idle threads spin under load): then the line rests on
+    steps and the loss at equal steps, with the times after them and the reason."""
     if plain.reached_plain_at is None or hybrid.reached_plain_at is None:
         return ["to plain's final val loss: the hybrid run never reached it"]
     (p_step, p_wall, p_cpu), (h_step, h_wall, h_cpu) = plain.reached_plain_at, hybrid.reached_plain_at
@@ -114,36 +138,68 @@ def headline(plain: RunResult, hybrid: RunResult) -> list[str]:
     if changed is None:
         lines = [f"{lead}, {wall} and {cpu}"]
     else:
+        loss = _loss_change(plain, hybrid)
         lines = [
-            f"{lead} and {cpu}; its {wall} met another load ({changed}): compare steps and CPU time, or rerun "
-            "with one torch thread (OMP_NUM_THREADS=1) on an idle machine"
+            f"{lead}{f', and its loss at equal steps was {loss}' if loss else ''}; its {wall} and {cpu} met another "
+            f"load ({changed}): compare steps and losses, or rerun with one torch thread (OMP_NUM_THREADS=1) on an "
+            "idle machine"
         ]
     if bound:
         lines.append("  (at least: it was first seen there at the validation before plain's; it may have been earlier)")
-    return lines
+    resolution = _resolution(plain, hybrid)
+    return lines + ([resolution] if resolution else [])
+
+
+def _loss_change(plain: RunResult, hybrid: RunResult) -> str | None:
+    """The hybrid run's loss at equal steps against plain's: ``2.0% lower``, ``as low``."""
+    if plain.val_loss is None or hybrid.val_loss is None or plain.val_loss <= 0:
+        return None
+    change = 100 * (hybrid.val_loss / plain.val_loss - 1)
+    return "as low" if abs(change) < 0.05 else f"{abs(change):.1f}% {'lower' if change < 0 else 'higher'}"
+
+
+FEWER, LESS = ("fewer", "more", "as many"), ("less", "more", "as much")  # compared()'s words, for counts and times
+
+
+def _row(label: str, plain: float | None, hybrid: float | None, fmt: str, words: tuple[str, str, str]) -> tuple:
+    """A table row: both runs' values and the hybrid run's against plain's (``20% fewer``)."""
+    against = "" if plain is None or hybrid is None else compared(plain, hybrid, *words)
+    return label, _num(plain, fmt), _num(hybrid, fmt), against
 
 
 def comparison_table(plain: RunResult, hybrid: RunResult) -> str:
     """Side-by-side table, led by what decides a speedup: when each run first reached plain's final validation loss
-    (the benchmark harness measures it over seeds); then the loss at equal steps and the costs. Every time is the
-    run's training time in seconds, validation excluded (``RunMeter``), as wall and as this process's CPU time."""
+    (the benchmark harness measures it over seeds); then the loss at equal steps and the whole fits' costs, each in
+    a last column as the hybrid run's against plain's, in percent. Every time is training time in seconds, validation
+    excluded (``RunMeter``), as wall and as this process's CPU time; a whole fit's time that is the time to plain's
+    loss (a run first there at its end) reads "as above"."""
+    reached = [r.reached_plain_at or (None, None, None) for r in (plain, hybrid)]
     rows = [
-        ("first at plain's final loss: step", _reached(plain, 0, "d"), _reached(hybrid, 0, "d")),
-        ("  and its wall time (seconds)", _reached(plain, 1, ".2f"), _reached(hybrid, 1, ".2f")),
-        ("  and its CPU time (seconds)", _reached(plain, 2, ".2f"), _reached(hybrid, 2, ".2f")),
-        ("val loss at equal steps", _num(plain.val_loss, ".4f"), _num(hybrid.val_loss, ".4f")),
-        ("steps", str(plain.steps), str(hybrid.steps)),
-        ("training time, wall (seconds)", _num(plain.train_seconds, ".2f"), _num(hybrid.train_seconds, ".2f")),
-        ("training time, CPU (seconds)", _num(plain.train_cpu_seconds, ".2f"), _num(hybrid.train_cpu_seconds, ".2f")),
-        ("backward passes", str(plain.backward_passes), str(hybrid.backward_passes)),
+        _row("first at plain's final loss: step", reached[0][0], reached[1][0], "d", FEWER),
+        _row("  its training time, wall (seconds)", reached[0][1], reached[1][1], ".2f", LESS),
+        _row("  its training time, CPU (seconds)", reached[0][2], reached[1][2], ".2f", LESS),
+        (
+            f"val loss at equal steps (step {hybrid.steps})",
+            _num(plain.val_loss, ".4f"),
+            _num(hybrid.val_loss, ".4f"),
+            _loss_change(plain, hybrid) or "",
+        ),
+        ("whole fit: steps", str(plain.steps), str(hybrid.steps), ""),
+        _row("  training time, wall (seconds)", plain.train_seconds, hybrid.train_seconds, ".2f", LESS),
+        _row("  training time, CPU (seconds)", plain.train_cpu_seconds, hybrid.train_cpu_seconds, ".2f", LESS),
+        _row("  validation, wall (seconds)", plain.val_seconds, hybrid.val_seconds, ".2f", LESS),
+        _row("  backward passes", plain.backward_passes, hybrid.backward_passes, "d", FEWER),
     ]
-    rows += [(name.replace("_", " "), "-", f"{value:g}") for name, value in hybrid.counts.items()]
-    lines = [f"{'':34s}{'plain':>12s}{'hybrid':>12s}"] + [f"{a:34s}{b:>12s}{c:>12s}" for a, b, c in rows]
+    for column, result in ((1, plain), (2, hybrid)):  # first there at its end: the whole fit's times repeat it
+        if result.reached_plain_at is not None and result.reached_plain_at[0] == result.steps:
+            for row in (5, 6):
+                rows[row] = tuple("as above" if i == column else cell for i, cell in enumerate(rows[row]))
+    if hybrid.counts:
+        names = ", ".join(name.replace("_", " ") for name in hybrid.counts)
+        rows.append((names, "-", ", ".join(f"{v:g}" for v in hybrid.counts.values()), ""))
+    lines = [f"{'':38s}{'plain':>10s}{'hybrid':>10s}   hybrid against plain"]
+    lines += [f"{a:38s}{b:>10s}{c:>10s}   {d}".rstrip() for a, b, c, d in rows]
     lines += headline(plain, hybrid)
-    if plain.val_loss is not None and hybrid.val_loss is not None:
-        lines.append(
-            f"val loss at equal steps, hybrid / plain: {hybrid.val_loss / plain.val_loss:.4f} (<1: hybrid lower)"
-        )
     lines.append(validated_steps(plain, hybrid))
     lines.append(
         "(one seed, one run each: times are noisy, two identical runs differed by up to 19% on an idle 2-core\n"

@@ -16,7 +16,7 @@ class RunMeter(Callback):
     and measures training time with validation excluded, as wall time and as this process's CPU time (all
     threads), which other load on a shared machine distorts far less. Keeps each validation inside ``fit`` as
     ``(step, training wall seconds, training CPU seconds, monitor)``, so a comparison can say when a run first
-    reached a loss.
+    reached a loss, and what the validations cost (``val_seconds``, wall).
 
     Args:
         monitor: the logged validation metric to keep.
@@ -28,7 +28,8 @@ class RunMeter(Callback):
         self.backward_passes = 0
         self.train_seconds = 0.0
         self.train_cpu_seconds = 0.0
-        self._wall0 = self._cpu0 = 0.0
+        self.val_seconds = 0.0
+        self._wall0 = self._cpu0 = self._val0 = 0.0
         self._running = self._paused = False
 
     def _start(self) -> None:
@@ -61,11 +62,12 @@ class RunMeter(Callback):
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._running:  # validation inside fit: pause the training clock
             self._stop()
-            self._paused = True
+            self._paused, self._val0 = True, time.perf_counter()
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._paused:
+            self.val_seconds += time.perf_counter() - self._val0
             value = trainer.callback_metrics.get(self.monitor)
             if value is not None and not trainer.sanity_checking:
                 step, wall, cpu = trainer.global_step, self.train_seconds, self.train_cpu_seconds
@@ -87,6 +89,7 @@ class RunMeter(Callback):
             "backward_passes": self.backward_passes,
             "train_seconds": self.train_seconds,
             "train_cpu_seconds": self.train_cpu_seconds,
+            "val_seconds": self.val_seconds,
             "validations": [list(v) for v in self.validations],
         }
 
@@ -95,6 +98,7 @@ class RunMeter(Callback):
         self.backward_passes = int(state["backward_passes"])
         self.train_seconds = float(state["train_seconds"])
         self.train_cpu_seconds = float(state["train_cpu_seconds"])
+        self.val_seconds = float(state.get("val_seconds", 0.0))  # not kept before 0.1.0's release
         old = float("nan")  # a checkpoint of version 0.1.0 kept no CPU seconds by validation
         saved = [v if len(v) == 4 else (v[0], v[1], old, v[2]) for v in state.get("validations", [])]
         self.validations = [(int(a), float(b), float(c), float(d)) for a, b, c, d in saved]

@@ -144,6 +144,9 @@ def _fit(cfg: DictConfig, label: str, run: Run, ckpt_path: Path | None, which: s
         validations=_with_final(meter.validations, (trainer.global_step, *meter.elapsed()), val),
         resumed_from=None if ckpt_path is None else str(ckpt_path),
         load=None if started is None or ended is None else (started, ended),
+        val_seconds=meter.val_seconds,
+        val_every=trainer.val_check_interval if isinstance(trainer.val_check_interval, int) else None,
+        val_batches=trainer.limit_val_batches,
     )
 
 

@@ -78,21 +78,38 @@ def counted(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
-def format_summary(summary: dict[str, Any], mode_lines: list[str]) -> str:
-    """A few lines for the end of ``fit``: the steps, what the mode did (``mode_lines``), the guard, the clock."""
-    phases = ", ".join(f"{k} {v}" for k, v in summary["steps_by_phase"].items())
-    lines = [
-        f"hybrid ({summary['mode']}, {summary['predictor']}): {counted(summary['steps_total'], 'step')} ({phases})"
-    ]
-    lines += mode_lines
+def _by_phase(steps: dict[str, int]) -> str:
+    """``100 in the plugin's warm-up (warmup_steps), 200 full``: the warm-up named as the plugin's, not a learning-rate
+    warm-up of the user's module; phases with no step left out."""
+    return ", ".join(
+        f"{n} in the plugin's warm-up (warmup_steps)" if phase == "warmup" else f"{n} {phase}"
+        for phase, n in steps.items()
+        if n
+    )
+
+
+def format_summary(summary: dict[str, Any], mode_lines: list[str], fit: Any = None) -> str:
+    """A few lines for the end of ``fit``: the steps (from the start of training; where this fit resumed, also what
+    it ran: ``fit``, a :class:`~lightning_hybrid.engine.record.FitStart` of this fit's own), what the mode did
+    (``mode_lines``), the guard, and the shares of this fit's step time by phase."""
+    total = counted(summary["steps_total"], "step")
+    head = f"hybrid ({summary['mode']}, {summary['predictor']}): {total}"
+    if fit is not None and fit.global_step > 0:
+        ran = sum(fit.steps_by_phase.values())
+        head += f" since training began: {_by_phase(summary['steps_by_phase'])}; this fit resumed at step "
+        head += f"{fit.global_step} and ran {ran} ({_by_phase(fit.steps_by_phase) or 'none'})"
+    else:
+        head += f": {_by_phase(summary['steps_by_phase'])}" if summary["steps_total"] else ""
+    lines = [head, *mode_lines]
     if summary.get("stepped_aside"):
         lines.append(f"hybrid: stepped aside {summary['stepped_aside']}; the rest of the fit was plain Lightning")
     nonfinite, outliers = summary["nonfinite_steps_skipped"], summary["outlier_steps_skipped"]
     if nonfinite or outliers:
         lines.append(f"hybrid: skipped {nonfinite} non-finite and {outliers} exploding-gradient steps")
-    spent = summary["time_by_phase_s"]
-    total = sum(spent.values())
-    if total > 0:  # shares, not seconds: the run's one time is its training time (RunMeter, mode=compare's table)
-        shares = ", ".join(f"{phase} {seconds / total:.0%}" for phase, seconds in spent.items())
-        lines.append(f"hybrid: the steps' time by phase: {shares}")
+    spent = fit.time_by_phase_s if fit is not None else summary["time_by_phase_s"]
+    spent = {phase: spent.get(phase, 0.0) for phase in summary["time_by_phase_s"]}  # the mode's phases only
+    seconds = sum(spent.values())
+    if seconds > 0:  # shares, not seconds: the run's one time is its training time (RunMeter, mode=compare's table)
+        shares = ", ".join(f"{phase} {t / seconds:.0%}" for phase, t in spent.items())
+        lines.append(f"hybrid: this fit's step time by phase: {shares}")
     return "\n".join(lines)

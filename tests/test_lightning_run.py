@@ -372,8 +372,11 @@ def test_checkpoints_and_validation_inside_a_segment_are_marked(tmp_path, caplog
         marked[path.name] = (state["unverified"], state["family"]["snapshot"] is not None)
     assert any(flag for flag, _ in marked.values()) and not all(flag for flag, _ in marked.values())
     assert all(holds_snapshot for flag, holds_snapshot in marked.values() if flag)  # resumable exactly
-    said = [r.getMessage() for r in caplog.records if "holds weights not yet verified" in r.getMessage()]
-    assert len(said) == 1  # once a fit, however many such checkpoints
+    said = [r for r in caplog.records if "holds a prediction awaiting its verdict" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelname == "INFO"  # once a fit, however many such checkpoints: information
+    assert (
+        "Nothing to do to resume from it" in said[0].getMessage() and "is_unverified_checkpoint" in said[0].getMessage()
+    )
     validated = validations.steps
     logged = after_step(logger, "hybrid/unverified")  # every validation, at its step: 1 unverified, 0 verified
     predict_steps = {s for s, phase in phases(logger).items() if phase == 2}

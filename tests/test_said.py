@@ -99,7 +99,11 @@ def test_the_text_counts_with_correct_plurals():
     trainer, _ = _fit(hybrid_callbacks(warmup_steps=5, full_steps=6, verify_window=3, verify_resolution=0.0), 30)
     made = scheduler_of(trainer).counters.jumps_made
     text = scheduler_of(trainer).report()
-    assert made > 1 and f"{made} jumps made" in text and "30 steps (warmup 5, full 25)" in text
+    assert (
+        made > 1
+        and f"{made} jumps made" in text
+        and "30 steps: 5 in the plugin's warm-up (warmup_steps), 25 full" in text
+    )
     trainer, _ = _fit(hybrid_callbacks(warmup_steps=5, full_steps=6, verify_window=3, verify_resolution=0.0), 18)
     assert "1 jump made" in scheduler_of(trainer).report()
 
@@ -148,3 +152,46 @@ def test_the_per_step_mode_says_why_it_made_no_segment(caplog):
         f"no Predict segment: the predictor's confidence reached {summary['confidence_peak']:.2f} at most, under "
         "confidence_threshold=1.0" in caplog.text
     )
+
+
+def test_a_resumed_fits_text_says_the_counts_run_from_the_start_and_what_this_fit_ran(tmp_path):
+    """``fit(ckpt_path=...)`` from step 16 of 32: the counts are the whole run's, and the text says so and what this
+    process ran; the time shares are this fit's own (a first process's phases are not this one's)."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    settings = dict(warmup_steps=5, full_steps=6, verify_window=3, verify_resolution=0.0)
+    saving = ModelCheckpoint(tmp_path, every_n_train_steps=16, save_top_k=-1, filename="{step}")
+    trainer, _ = _fit(hybrid_callbacks(**settings), 16, extra_callbacks=[saving], enable_checkpointing=True)
+    assert "since training began" not in scheduler_of(trainer).report()
+    resumed, _ = hybrid_trainer(32, hybrid=hybrid_callbacks(**settings))
+    resumed.fit(RegressionModel(), loader(), ckpt_path=tmp_path / "step=16.ckpt")
+    text = scheduler_of(resumed).report()
+    head = "hybrid (jumps, outer): 32 steps since training began: 5 in the plugin's warm-up (warmup_steps), 27 full;"
+    assert head + " this fit resumed at step 16 and ran 16 (16 full)" in text
+    assert "hybrid: this fit's step time by phase: warmup 0%, full 100%" in text
+
+
+def test_the_bar_shows_each_steps_counts_however_the_callbacks_are_ordered():
+    """The app lists its progress bar before the hybrid callbacks, so the bar ends each batch first: it shows that
+    step's share skipped, not the step before's (a bar at 4.8% at the last step once beside a summary's 4.7%)."""
+    import lightning as L
+
+    from lightning_hybrid import HybridPredictStrategy, HybridProgressBar
+    from tests.helpers import FAST
+
+    shown, counted = {}, {}
+
+    class Bar(HybridProgressBar):
+        def on_train_batch_end(self, trainer, pl_module, *args):
+            super().on_train_batch_end(trainer, pl_module, *args)
+            shown[trainer.global_step] = self.get_metrics(trainer, pl_module)["skipped"]
+
+    class After(L.Callback):
+        def on_train_batch_end(self, trainer, *args):
+            counted[trainer.global_step] = f"{scheduler_of(trainer).counters.backward_skipped_pct:.1f}%"
+
+    trainer = L.Trainer(max_steps=45, strategy=HybridPredictStrategy(), accelerator="cpu", logger=False,
+                        callbacks=[Bar(), *hybrid_callbacks(**FAST), After()], enable_checkpointing=False,
+                        enable_model_summary=False)  # fmt: skip
+    trainer.fit(RegressionModel(), loader())
+    assert scheduler_of(trainer).counters.backward_skipped > 0 and shown == counted

@@ -38,9 +38,10 @@ def test_the_readmes_results_and_status_are_written_from_the_files():
     results = readme.split("## What to expect at your scale", 1)[1].split("\n## ", 1)[0]
     assert "<!-- record: scale-verdict -->" in results and not COUNT.findall(_outside_regions(results))
     assert not [line for line in _outside_regions(results).splitlines() if line.startswith("|")]
-    status = readme.split("**Status**", 1)[1].split("\n\n", 1)[0]
-    assert "<!-- record: scale-status -->" in status and not COUNT.findall(_outside_regions(status))
-    assert "<!-- record: gpu-status -->" in status  # the GPU's figures too
+    status = readme.split("## Quick start", 1)[0]  # the opening and the status
+    for region in ("readme-opening", "scale-status", "gpu-status"):
+        assert f"<!-- record: {region} -->" in status
+    assert not re.findall(r"\d", _outside_regions(status).split("Three modes:")[0])  # no figure by hand
     assert not COUNT.findall(_outside_regions(readme))  # Lightning's tests too
 
 
@@ -108,3 +109,29 @@ def test_the_gpu_status_names_where_plain_was_lowest_when_not_at_its_end(tmp_pat
     said = " ".join(record.gpu_status().split())
     assert f"plain lowest at steps {slow[5]['step']}, 1000, 1000 at the swept rates" in said
     assert "best rate (0.0006)" in said
+
+
+# each term the README's opening and status use, and the words that define it where it is first used
+DEFINED = {
+    "the default": "the default rule (`outer`, below)",
+    "tokens a parameter": "tokens a parameter (training tokens over parameters)",
+    "plain nudged": "plain nudged's range (plain with its learning rate 1.001x",
+    "loss at equal steps": "the loss at equal steps is the default's over plain's at plain's last step",
+    "backward passes and CPU time to plain's final validation loss": (
+        "backward passes and CPU time to plain's final validation loss are plain's over the default's"
+    ),
+}
+
+
+def test_the_readme_opens_with_what_to_expect_and_defines_each_term_where_first_used():
+    """A user reads the first screen as sentences: what the default gave where it was measured, what to expect at
+    100M trained to the end and from where, what it costs and how to check it on one's own module; every term of the
+    figures defined at its first use (plain nudged was once used two lines before anything said what it is)."""
+    readme = " ".join(README.read_text().split())  # the words, whatever the line breaks
+    opening = readme[: readme.index("Three modes:")]
+    for said in ("What to expect.", "On a CPU", "H200", "trained to the end", "It costs", "mode=compare"):
+        assert said in opening, said
+    for term, definition in DEFINED.items():
+        first = readme.lower().index(term.lower())
+        assert first == readme.lower().index(definition.lower()) + definition.lower().index(term.lower()), term
+    assert readme.index("**The figures.**") < readme.index("## Quick start")

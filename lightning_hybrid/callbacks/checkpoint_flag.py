@@ -25,12 +25,15 @@ def is_unverified_checkpoint(checkpoint: dict[str, Any]) -> bool:
 
 
 def say_unverified(unverified: bool, step: int, said: bool) -> bool:
-    """The first time a fit saves unverified weights, say so. Returns whether it has been said."""
+    """The first time a fit saves unverified weights, say so, as information: it is how the plugin works, not a
+    fault, and a user acts on it only to use a checkpoint's weights as they are. Returns whether it has been said."""
     if unverified and not said:
         info(
-            f"hybrid: the checkpoint saved at step {step} holds weights not yet verified (a jump awaiting its "
-            "verdict, or a Predict segment): a resume judges them where the uninterrupted run would, and a rollback "
-            "may yet undo them; lightning_hybrid.is_unverified_checkpoint(checkpoint) says which checkpoints do"
+            f"hybrid: the checkpoint at step {step}, as others of this fit may, holds a prediction awaiting its "
+            "verdict (a jump, or a Predict segment). Nothing to do to resume from it: the verdict comes where it "
+            "would have. To use a checkpoint's weights as they are (to evaluate or ship them), "
+            "lightning_hybrid.is_unverified_checkpoint(checkpoint) tells you whether they were verified. "
+            "(Said once a fit.)"
         )
     return said or unverified
 

@@ -185,10 +185,13 @@ class HybridScheduler(HybridComponent):
 
     @override
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, idx: int) -> None:
-        if self._in_step or not self.engine.bound:
-            return  # another micro-batch of an accumulated step, or a fit the plugin stands aside from
-        self._in_step = True
-        self.engine.begin_step()
+        if not self.engine.bound:
+            return  # a fit the plugin stands aside from
+        if not self._in_step:  # not another micro-batch of an accumulated step
+            self._in_step = True
+            self.engine.begin_step()
+        if self.engine.step.phase is Phase.PREDICT:  # counted now: a progress bar ending its batch first sees it
+            self.engine.record.counters.backward_skipped += 1
 
     @override
     def on_train_batch_end(
@@ -197,8 +200,6 @@ class HybridScheduler(HybridComponent):
         engine, global_step = self.engine, trainer.global_step
         if not engine.bound:
             return
-        if engine.step.phase is Phase.PREDICT:
-            engine.record.counters.backward_skipped += 1
         stepped, per_batch = global_step - self._seen, self._per_batch
         if stepped == 0:
             return  # accumulating: the optimizer has not stepped yet
@@ -276,7 +277,7 @@ class HybridScheduler(HybridComponent):
     def report(self, summary: dict[str, Any] | None = None) -> str:
         """The end-of-fit text: the steps, what the mode did in its own words, the guard's skips and the clock."""
         summary = self.summary() if summary is None else summary
-        return format_summary(summary, self.engine.family.report(summary))
+        return format_summary(summary, self.engine.family.report(summary), self.engine.record.this_fit())
 
     @override
     def _state(self) -> dict[str, Any]:

@@ -101,7 +101,7 @@ class HybridEngine:
         self.family.setup(restored=self._restored)
         self._restored = False
         self.policy.start(self.store.lrs(), gated=self.family.gated)
-        self.record.start_clock()
+        self.record.start_clock(global_step)
         self.step = StepRecord(phase=self.machine.phase)
         self._said_skip = False  # this fit has said that the guard skipped a step
 

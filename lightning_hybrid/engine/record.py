@@ -39,6 +39,15 @@ class StepRecord:
     reading: tuple[Tensor, Tensor] | list[float] | None = None
 
 
+@dataclass(frozen=True)
+class FitStart:
+    """The global step a fit began at, and its steps and step seconds by phase (then, or since)."""
+
+    global_step: int
+    steps_by_phase: dict[str, int]
+    time_by_phase_s: dict[str, float]
+
+
 @dataclass
 class RunRecord:
     """Counters, prediction errors and the training clock of a run; restored from checkpoints so a resumed run
@@ -48,9 +57,20 @@ class RunRecord:
     errors: dict[str, float] = field(default_factory=lambda: {"sum": 0.0, "count": 0})
     wall_base: float = 0.0
     wall_t0: float = 0.0
+    fit_start: FitStart | None = None  # where this fit began: the counters a resumed run restored run from step 0
 
-    def start_clock(self) -> None:
+    def start_clock(self, global_step: int = 0) -> None:
+        """Training starts (or resumes) at ``global_step``."""
         self.wall_t0 = time.perf_counter()
+        c = self.counters
+        self.fit_start = FitStart(global_step, dict(c.steps_by_phase), dict(c.time_by_phase_s))
+
+    def this_fit(self) -> FitStart:
+        """What this fit ran: its first step, and its steps and their time by phase (the restored ones left out)."""
+        start, c = self.fit_start or FitStart(0, {}, {}), self.counters
+        steps = {k: n - start.steps_by_phase.get(k, 0) for k, n in c.steps_by_phase.items()}
+        seconds = {k: t - start.time_by_phase_s.get(k, 0.0) for k, t in c.time_by_phase_s.items()}
+        return FitStart(start.global_step, steps, seconds)
 
     def stop_clock(self) -> None:
         self.wall_base, self.wall_t0 = self.wall_time(), 0.0
