@@ -30,9 +30,10 @@ def _quiet_and_deterministic():
 @pytest.fixture(scope="session")
 def distributed_runs(tmp_path_factory) -> tuple:
     """Every two-process scenario of ``tests/test_ddp.py``, ``tests/test_trajectory.py`` and the golden DDP runs, in
-    two launches (a launch costs more than most fits): one node, each saving run followed by its resume from its
-    second checkpoint; then two simulated nodes. ``(root, runs)``, ``runs[name]`` each rank's record. The tests
-    that use it share one xdist worker (``xdist_group("ranks")``)."""
+    one launch (a launch costs more than most fits): first two simulated nodes of one process each, whose placement
+    is the process group's rendezvous, then one node of two, each saving run followed by its resume from its second
+    checkpoint. ``(root, runs)``, ``runs[name]`` each rank's record. The tests that use it share one xdist worker
+    (``xdist_group("ranks")``)."""
     from tests.helpers import DISTRIBUTED, SAME_RUN, SAVE_EVERY, run_scenarios
 
     root = tmp_path_factory.mktemp("ranks")
@@ -46,7 +47,19 @@ def distributed_runs(tmp_path_factory) -> tuple:
         for name, (kind, strategy, how, *batches) in DISTRIBUTED.items()
         if name.startswith("save")
     }
-    runs = run_scenarios(root, DISTRIBUTED | resumed)  # in this order: each saving run before its resume
+    two_nodes = {"two-nodes": ("linear", "ddp", "", "", 2)}  # first: the group's rendezvous is as two nodes'
+    runs = run_scenarios(root, two_nodes | DISTRIBUTED | resumed)  # each saving run before its resume
     runs |= {name: runs[saving] for name, saving in SAME_RUN.items()}
-    runs |= run_scenarios(root, {"two-nodes": ("linear", "ddp", "")}, nodes=2)
     return root, runs
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest groups first (the two-rank launch, then the served TensorBoard page): xdist hands work out in
+    collection order, and a long group handed out last would run alone at the end while the other core idles."""
+    first = ("ranks", "tensorboard_page")
+
+    def rank(item: pytest.Item) -> int:
+        groups = [m.args[0] for m in item.iter_markers("xdist_group")]
+        return next((first.index(g) for g in groups if g in first), len(first))
+
+    items.sort(key=rank)  # stable: the rest keep their order

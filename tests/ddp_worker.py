@@ -1,4 +1,4 @@
-"""One rank of 2-process CPU runs under ``hybrid_ddp`` or ``hybrid_fsdp``, launched by ``tests.helpers.run_ranks``
+"""One rank of 2-process CPU runs under ``hybrid_ddp`` or ``hybrid_fsdp``, launched by ``tests.helpers.run_scenarios``
 like torchrun would: two ranks on one node, or one rank on each of two simulated nodes. The scenarios given run one
 after another in the same process group (a launch costs more than a fit), each from the random state a fresh
 process starts with.
@@ -163,7 +163,11 @@ def main(
         warnings.simplefilter("always")
         held_out = token_loader(64, seed=2) if resume == "after" else None  # validated at each epoch's end
         trainer.fit(model, data, held_out, ckpt_path=ckpt_path)  # 16 steps per epoch and rank
-        saved = {"params": flat_params(model), "steps": trainer.global_step}
+        saved = {
+            "params": flat_params(model),
+            "steps": trainer.global_step,
+            "place": (trainer.node_rank, trainer.local_rank),
+        }
         if resume == "after":
             saved["after"] = _after_fit(trainer, model)
     saved["warnings"] = [str(w.message) for w in said]
@@ -190,10 +194,19 @@ def main(
     )
 
 
+def as_on_nodes(nodes: int, rank: int, world_size: int) -> None:
+    """This rank's place as a launcher of ``nodes`` nodes (of one process each, or one of two) sets it: the
+    environment Lightning's cluster environment reads when a Trainer is built."""
+    per_node = world_size // nodes
+    os.environ["NODE_RANK"], os.environ["LOCAL_RANK"] = str(rank // per_node), str(rank % per_node)
+
+
 if __name__ == "__main__":
-    out, nodes, *scenarios = sys.argv[1:]  # each scenario: "name|kind|strategy|resume|loader" (the last two may be "")
+    out, *scenarios = sys.argv[1:]  # each: "name|kind|strategy|resume|loader|nodes" (the middle ones may be "")
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])  # the launcher's; Lightning edits both
     for scenario in scenarios:  # one after another in this process group, as several fits in one script
-        name, kind, strategy, resume, batches = scenario.split("|")
+        name, kind, strategy, resume, batches, nodes = scenario.split("|")
+        as_on_nodes(int(nodes), rank, world_size)  # the first scenario's places are the process group's rendezvous
         main(str(Path(out) / name), kind, int(nodes), resume or None, strategy, batches)
     if torch.distributed.is_initialized():  # leave the group in order; not enough on its own, see os._exit below
         torch.distributed.destroy_process_group()

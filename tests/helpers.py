@@ -453,15 +453,15 @@ def console(*argv: str) -> int | str | None:
 # -------------------------------------------------------------------------------------------------------- DDP ranks
 
 
-def run_scenarios(
-    out_dir: Path, scenarios: dict[str, tuple[str, ...]], world_size: int = 2, nodes: int = 1
-) -> dict[str, list[dict]]:
-    """Launch the ranks of ``tests/ddp_worker.py`` as torchrun (one node) or a cluster launcher (one process per
-    node) would, running every scenario (name: ``(kind, strategy, resume)``, and the batches of a user module's
-    run as a fourth) one after another in that process group; returns what each rank wrote, by scenario."""
+def run_scenarios(out_dir: Path, scenarios: dict[str, tuple[str, ...]], world_size: int = 2) -> dict[str, list[dict]]:
+    """Launch the ranks of ``tests/ddp_worker.py`` as torchrun would, running every scenario (name: ``(kind,
+    strategy, resume)``, then the batches of a user module's run and the nodes, 1 or 2: one process each, as a
+    cluster launcher starts them) one after another in that process group; returns what each rank wrote, by
+    scenario. The first scenario's placement is the process group's rendezvous (through environment variables)."""
     port = free_port()
     procs = []
-    specs = ["|".join((name, *scenario, "")[:5]) for name, scenario in scenarios.items()]
+    defaults = ("", 1)  # batches, nodes
+    specs = ["|".join(map(str, (name, *s, *defaults[len(s) - 3 :]))) for name, s in scenarios.items()]
     for rank in range(world_size):
         env = {
             # Lightning's seed_everything in this process (the app, the harness) leaves PL_GLOBAL_SEED and
@@ -470,13 +470,11 @@ def run_scenarios(
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
             "WORLD_SIZE": str(world_size),
-            "NODE_RANK": str(rank // (world_size // nodes)),
-            "LOCAL_RANK": str(rank % (world_size // nodes)),
             "RANK": str(rank),
             "OMP_NUM_THREADS": "1",
             "PYTHONPATH": str(ROOT),
         }
-        cmd = [sys.executable, "-m", "tests.ddp_worker", str(out_dir), str(nodes), *specs]
+        cmd = [sys.executable, "-m", "tests.ddp_worker", str(out_dir), *specs]
         procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     for proc in procs:
         out, _ = proc.communicate(timeout=600)
@@ -540,10 +538,3 @@ SAME_RUN = {
 def saved_checkpoints(out_dir: Path) -> list[Path]:
     """A `save` scenario's checkpoints, by step."""
     return sorted((out_dir / "ckpt").glob("*.ckpt"), key=lambda p: int(p.stem.split("=")[1]))
-
-
-def run_ranks(
-    out_dir: Path, kind: str, world_size: int = 2, nodes: int = 1, resume: str = "", strategy: str = "ddp"
-) -> list[dict]:
-    """One scenario's ranks (see :func:`run_scenarios`), written to ``out_dir`` itself."""
-    return run_scenarios(out_dir, {".": (kind, strategy, resume)}, world_size, nodes)["."]

@@ -32,6 +32,8 @@ def test_two_simulated_nodes_with_one_process_each_stay_identical(distributed_ru
     """``Trainer(num_nodes=2, devices=1, strategy="hybrid_ddp")``, rendezvous through environment variables on
     loopback, as under SLURM or torchrun on two machines: the rank synchronisation is the same as on one node."""
     rank0, rank1 = distributed_runs[1]["two-nodes"]
+    assert [rank0["place"], rank1["place"]] == [(0, 0), (1, 0)]  # node 0 and node 1, each its local rank 0
+    assert [distributed_runs[1]["default"][r]["place"] for r in (0, 1)] == [(0, 0), (0, 1)]  # then one node of two
     assert not torch.equal(rank0["first_batch"], rank1["first_batch"])
     assert rank0["phases"] == rank1["phases"] and Phase.PREDICT in rank0["phases"]
     assert torch.equal(rank0["params"], rank1["params"])

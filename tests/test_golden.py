@@ -10,7 +10,7 @@ import pytest
 from tests.golden import RANKS, RECORD, REL_TOL, differences, platform_key, ranks_outcome, run_all
 
 RECORDED = json.loads(RECORD.read_text())
-KEY = platform_key()
+KEY = platform_key(RECORDED["platforms"])
 
 pytestmark = pytest.mark.slow
 

@@ -40,9 +40,11 @@ def test_the_wheel_installed_app_trains_outside_a_checkout(tmp_path):
     assert "lightning_hybrid/engine/engine.py" in shipped
 
     venv = tmp_path / "venv"
-    _run(sys.executable, "-m", "venv", venv, cwd=tmp_path)
+    _run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp_path)  # this pip installs into it
     python = venv / "bin" / "python"
-    _run(python, "-m", "pip", "install", "--no-deps", "--no-index", "-q", wheel, cwd=tmp_path)
+    _run(
+        sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index", "-q", wheel, cwd=tmp_path
+    )
     own = _run(python, "-c", "import site; print(site.getsitepackages()[0])", cwd=tmp_path).stdout.strip()
     Path(own, "test_dependencies.pth").write_text("\n".join(site.getsitepackages()) + "\n")
 
