@@ -1,4 +1,4 @@
-"""How big a checkpoint the plugin makes: the char GPT demo (0.44M parameters, AdamW) after 30 steps, plain and with
+"""How big a checkpoint the plugin makes: the char GPT demo (0.47M parameters, AdamW) after 30 steps, plain and with
 the defaults on cycles of 5 steps, saved after ``fit`` and at the first step where a jump awaits its verdict.
 
     python -m benchmarks.checkpoint_size      # benchmarks/results/footprint/checkpoint_size.json

@@ -1,7 +1,7 @@
 """What primal averaging (``gpa``) costs a step, apart from the step itself: the operations of one averaging step on
 the 85M model's tensors (12 layers, 768 wide), their CPU time, the bytes they move and the memory the rule holds;
 from those bytes, an estimate for one H200, where plain's step at 85M took a measured 23-29 ms; and on the CPU, the
-averaging step's time against a plain training step's (forward, backward, AdamW) of the char GPT at 0.44M and 1.1M,
+averaging step's time against a plain training step's (forward, backward, AdamW) of the char GPT at 0.47M and 1.1M,
 alternating in this process, one thread.
 
     python -m benchmarks.gpa_cost        # benchmarks/results/gpa_cost/README.md and gpa_cost.json
@@ -32,7 +32,7 @@ TRAFFIC = (3, 3, 2, 3, 3, 2, 3)
 FLOOR = 6  # lists any averaging step moves, however fused: it reads and writes the parameters, z and x once each
 H200_BANDWIDTH = 4.8e12  # bytes a second, the H200's HBM3e as NVIDIA states it
 PLAIN_STEP_85M = (0.0232, 0.0286)  # seconds, plain's steady step at 85M on one H200 (gpu/2026-11-27, 3 rounds)
-CPU_SIZES = {"0.44M": (2, 128, 4), "1.1M": (4, 144, 4)}  # layers, width, heads of the char GPT
+CPU_SIZES = {"0.47M": (2, 128, 4), "1.1M": (4, 144, 4)}  # layers, width, heads of the char GPT
 
 
 def _averaging(model: torch.nn.Module) -> tuple[PrimalAveraging, list[torch.Tensor]]:

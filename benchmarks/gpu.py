@@ -59,7 +59,9 @@ from benchmarks.harness import (
     gpa_mu_x,
     gpt_config,
     machine,
+    now,
     record_from,
+    stamp,
     write_atomic,
 )
 from benchmarks.jump_cost import JUMPING, SMALL_GPT2, BusyWindow, measure
@@ -212,8 +214,8 @@ def quality(call: Call, record: dict[str, Any], save: Callable[[], None], rows: 
 
     def run(lr: float, seed: int, config: str) -> None:
         if _key(lr, seed, config) not in runs:
-            cfg = call.config("char_gpt_gpt2", steps, [f"model.lr={lr}", *ARMS.get(config, [])], seed)
-            runs[_key(lr, seed, config)] = fit(cfg, hybrid=config != "plain").to_dict()
+            cfg, started = call.config("char_gpt_gpt2", steps, [f"model.lr={lr}", *ARMS.get(config, [])], seed), now()
+            runs[_key(lr, seed, config)] = fit(cfg, hybrid=config != "plain").to_dict() | stamp(started)
             save()
 
     if "sweep" in rows:

@@ -5,12 +5,14 @@ and from the task, curve, report and peer modules; none imports another driver."
 from __future__ import annotations
 
 import hashlib
+import os
 import platform
 import re
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -270,6 +272,19 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         "hybrid_best_loss": spread([s["hybrid_best_loss"] for s in seeds]),
         "target": spread([s["target"] for s in seeds]),
     }
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+# the process a run ran in: runs said to be paired in one process must name the same one
+PROCESS = {"host": platform.node(), "pid": os.getpid(), "started": now()}
+
+
+def stamp(started: str) -> dict[str, Any]:
+    """What a result file keeps of where and when its run ran: the host and process, its start and its end."""
+    return {"process": PROCESS, "started": started, "finished": now()}
 
 
 def machine() -> dict[str, Any]:

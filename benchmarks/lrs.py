@@ -27,7 +27,7 @@ import json
 import math
 import tempfile
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,9 @@ from benchmarks.harness import (
     baseline_target,
     fit,
     machine,
+    now,
     record_from,
+    stamp,
     warm_up,
     write_atomic,
 )
@@ -109,7 +111,7 @@ def _own_lr(task: str) -> float:
 
 def _run(task: str, lr: float, seed: int, config: str, workdir: str, baseline: Record | None) -> Record:
     """One run, or its result file if it exists (``baseline``: the seed's plain run, for the budget and stop)."""
-    path = _path(task, lr, seed, config)
+    path, started = _path(task, lr, seed, config), now()
     if path.exists():
         return record_from(json.loads(path.read_text()))
     spec = length_of(LR_TASKS[task].task, "default", LR_TASKS[task].steps)
@@ -129,7 +131,7 @@ def _run(task: str, lr: float, seed: int, config: str, workdir: str, baseline: R
         "config": config,
         "steps": spec.steps,
         "machine": machine(),
-        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        **stamp(started),
         **_pretrained(cfg),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -510,7 +512,8 @@ def report(tasks: list[str]) -> str:
         found_by_task[task] = found
     made = (
         "Made by `python -m benchmarks.lrs report` from the run files in the task folders beside it; each run file "
-        "records the machine it ran on (`machine`) and when it ended (`finished`)."
+        "records the machine it ran on (`machine`) and when it ended (`finished`); since 2026-11-29 its process "
+        "(`process`: host, pid) and start (`started`) too."
     )
     head = "# Across learning rates\n\n" + __doc__.split("\n\n")[0] + " " + made + "\n\n" + idle_cost(found_by_task)
     head += "\n\n" + floor_summary(found_by_task)

@@ -16,11 +16,15 @@ import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks import gpu, lrs, scale
+from benchmarks import footprint, gpu, lrs, scale
 from benchmarks.report import median_over_seeds, seeds_cell
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCUMENTS = (ROOT / "README.md", ROOT / "docs" / "performance.md")
+DOCUMENTS = (
+    ROOT / "README.md",
+    ROOT / "docs" / "performance.md",
+    ROOT / "benchmarks" / "results" / "footprint" / "README.md",
+)
 REGION = re.compile(r"(<!-- record: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /record -->)", re.S)
 DEFAULT = "outer_norm_restart_res"  # the default's configuration name in the learning-rate grid's files
 
@@ -400,6 +404,9 @@ def lightning_tests() -> str:
 
 GENERATORS: dict[str, Callable[[], str]] = {
     "readme-opening": readme_opening,
+    "footprint-times": footprint.table,
+    "footprint-sizes": footprint.sizes_table,
+    "suite-time": footprint.suite_time,
     "lightning-tests": lightning_tests,
     "gpu-status": gpu_status,
     "gpu-table": gpu_table,

@@ -1,7 +1,7 @@
 """What to expect at your scale: the default against plain Lightning as runs grow longer and models larger, paired.
 
-    python -m benchmarks.scale run length     # the 0.44M char GPT at 1.5, 6 and 25 tokens per parameter
-    python -m benchmarks.scale run size       # 0.44M, 1.2M and 3.3M parameters at 1.5 tokens per parameter
+    python -m benchmarks.scale run length     # the 0.47M char GPT at 1.5, 6 and 25 tokens per parameter
+    python -m benchmarks.scale run size       # 0.47M, 1.2M and 3.3M parameters at 1.5 tokens per parameter
     python -m benchmarks.scale run length --block gpa            # primal averaging beside plain, in blocks of its own
     python -m benchmarks.scale run size --block gpa --cells 3.3M_1.5tpp --seeds 0   # one process a seed, side by side
     python -m benchmarks.scale run length --block gpa_scaled     # its average's window scaled to the run's length
@@ -23,11 +23,8 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
-import platform
 import tempfile
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +33,14 @@ from omegaconf import open_dict
 
 from benchmarks.curves import overfits, time_to_target
 from benchmarks.harness import (
+    PROCESS,
     RESULTS,
     Record,
     baseline_target,
     fit,
     gpa_mu_x,
     machine,
+    now,
     record_from,
     warm_up,
     write_atomic,
@@ -52,11 +51,11 @@ from benchmarks.tasks import Length, compose_run, hybrid_steps, trainer_steps
 TASK = "char_gpt_scale"
 OUT = RESULTS / "scale"
 TOKENS_PER_STEP = 32 * 64  # the char GPT's batch: 32 windows of 64 bytes
-SIZES = {"0.44M": (2, 128, 4), "1.2M": (3, 176, 4), "3.3M": (4, 256, 8)}  # layers, width, heads
-CENTRE = {"0.44M": 6e-3, "1.2M": 4e-3, "3.3M": 3e-3}  # each size's first sweep rate, near earlier tuned rates
+SIZES = {"0.47M": (2, 128, 4), "1.2M": (3, 176, 4), "3.3M": (4, 256, 8)}  # layers, width, heads
+CENTRE = {"0.47M": 6e-3, "1.2M": 4e-3, "3.3M": 3e-3}  # each size's first sweep rate, near earlier tuned rates
 SHARED_LENGTH = 1.5  # tokens per parameter of the size grid: a 3.3M cell takes about 3.5 hours on one core there
 GRIDS = {
-    "length": [("0.44M", 1.5), ("0.44M", 6.0), ("0.44M", 25.0)],
+    "length": [("0.47M", 1.5), ("0.47M", 6.0), ("0.47M", 25.0)],
     "size": [(size, SHARED_LENGTH) for size in SIZES],
 }
 SEEDS = 3
@@ -78,13 +77,6 @@ def overrides_of(cell: Cell, config: str) -> tuple[list[str], float]:
     if config == "gpa_scaled":
         overrides = [*overrides, f"predictor.mu_x={gpa_mu_x(cell.length.steps):.6f}"]
     return overrides, factor
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-PROCESS = {"host": platform.node(), "pid": os.getpid(), "started": _now()}  # what pairs a block's runs
 
 
 @dataclass(frozen=True)
@@ -114,7 +106,7 @@ class Cell:
 
 def val_batches(steps: int) -> int:
     """Validation batches for a run of ``steps``: a tenth of training's cost (20 validations, a forward about a third
-    of a step), at least 10. Ten batches (20 KB of one or two files) swung the 0.44M curve by 1% between validations
+    of a step), at least 10. Ten batches (20 KB of one or two files) swung the 0.47M curve by 1% between validations
     at the end of 25 tokens a parameter, as much as the effect to be measured."""
     return max(10, round(0.1 * steps * 3 / 20))
 
@@ -132,7 +124,7 @@ def parameters(layers: int, width: int, heads: int) -> int:
 
 
 def _stamp() -> dict[str, Any]:
-    return {"machine": machine(), "process": PROCESS, "finished": _now()}
+    return {"machine": machine(), "process": PROCESS, "finished": now()}
 
 
 def _fit(cell: Cell, lr: float, seed: int, config: str, workdir: str, baseline: Record | None) -> dict[str, Any]:
@@ -394,7 +386,7 @@ def figure(grid: str) -> Any:
                      fontsize=9)  # fmt: skip
         ax.legend(fontsize=7)
     fig.suptitle(
-        "the 0.44M char GPT as runs grow longer (x: seeds that never reached plain's loss)"
+        "the 0.47M char GPT as runs grow longer (x: seeds that never reached plain's loss)"
         if grid == "length"
         else f"the char GPT as it grows, at {SHARED_LENGTH:g} tokens a parameter (x: seeds that never reached it)"
     )

@@ -45,6 +45,9 @@ def test_the_dry_run_runs_every_part_and_a_second_call_resumes(tmp_path, monkeyp
     assert profiled["on_host"]["jump"]["ops"] > profiled["on_device"]["jump"]["ops"]  # the copies in and out
     assert profiled["on_device"]["busy"]["steps"] == 1 and profiled["on_device"]["busy"]["wall_s"] > 0
     record = json.loads((tmp_path / "quality.json").read_text())
+    for run in record["runs"].values():  # where and when each ran: "paired in one process" checkable from the file
+        assert set(run["process"]) == {"host", "pid", "started"} and run["started"] <= run["finished"]
+    assert len({run["process"]["pid"] for run in record["runs"].values()}) == 1
     assert set(record["sweep"]) == {f"{lr:.3g}" for lr in gpu.SWEEP_RATES}
     best = record["best_lr"]
     assert record["sweep"][f"{best:.3g}"]["final"] == min(row["final"] for row in record["sweep"].values())
@@ -204,3 +207,16 @@ def test_plain_against_the_modes_takes_the_common_overrides_too(tmp_path, monkey
     with pytest.raises(Composed) as plain:
         harness.against_plain("1M", 2, 1, str(tmp_path), gpu.OVERHEAD_MODES, ["trainer=gpu"])
     assert plain.value.args[0] == ["trainer=gpu"]
+
+
+def test_the_stored_comparisons_are_what_the_runs_give():
+    """A comparison's stored fields (the jumps made, kept and undone among them) are recomputed from its runs."""
+    from benchmarks.harness import RESULTS
+
+    checked = 0
+    for path in sorted((RESULTS / "gpu").glob("*/quality.json")):
+        record = json.loads(path.read_text())
+        if record.get("runs") and record.get("best_lr") is not None:
+            assert record["comparisons"] == gpu.comparisons(record["runs"], record["best_lr"]), path.parent.name
+            checked += 1
+    assert checked

@@ -42,7 +42,8 @@ def test_sweep_grid_and_report_on_a_tiny_task(tiny):
     files = sorted(p.name for p in (tiny / "tiny").glob("*.json"))
     assert sum(name.endswith("_outer_norm.json") for name in files) == 3
     assert sum(name.endswith(("_ema.json", "_schedulefree.json")) for name in files) == 4
-    assert all("finished" in json.loads(p.read_text()) for p in (tiny / "tiny").glob("*.json"))
+    stamps = [json.loads(p.read_text()) for p in (tiny / "tiny").glob("*.json")]
+    assert stamps and all({"finished", "started", "process"} <= set(s) for s in stamps)
     stamp = {p: p.stat().st_mtime_ns for p in (tiny / "tiny").glob("*.json")}
     lrs.grid("tiny", ["outer_norm", "ema", "schedulefree"])  # nothing left to run: no file rewritten
     assert {p: p.stat().st_mtime_ns for p in (tiny / "tiny").glob("*.json")} == stamp

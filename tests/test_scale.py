@@ -44,7 +44,7 @@ def test_a_cell_sweeps_then_pairs_each_seeds_runs_in_one_process_and_resumes(sca
     scale.run("length", seeds=(0,))
     assert len(fits) == 5  # a finished grid trains nothing
     scale.block_path(cell, 0).unlink()
-    scale.run("length", seeds=(0,), only=("0.44M_25tpp",))
+    scale.run("length", seeds=(0,), only=("0.47M_25tpp",))
     assert len(fits) == 5 and not scale.block_path(cell, 0).exists()  # a cell not named is left alone
     scale.block_path(cell, 0).write_text(json.dumps(block))
 
@@ -83,7 +83,7 @@ def test_scaled_primal_averaging_keeps_the_published_window_where_it_was_measure
         assert overrides[0] == "predictor=gpa" and PrimalAveraging(mu_x=mu_x).mu_x == mu_x
         return 1 / (1 - mu_x)
 
-    longest, shorter = scale.Cell("0.44M", 25.0), scale.Cell("0.44M", 6.0)
+    longest, shorter = scale.Cell("0.47M", 25.0), scale.Cell("0.47M", 6.0)
     assert window(longest) == pytest.approx(1 / (1 - 0.9967), rel=1e-3)
     assert window(shorter) / window(longest) == pytest.approx(shorter.length.steps / longest.length.steps, rel=1e-3)
     assert scale.overrides_of(longest, "gpa") == (["predictor=gpa"], 1.0)
@@ -108,7 +108,7 @@ def test_the_plots_follow_the_tables_rule_and_draw_misses_as_misses():
     """From the committed result files: each plotted median is the table's (a seed that never reached plain's loss
     counts as the slowest), misses are counted where they are drawn, the axes read as plain numbers, and a third
     panel gives the loss at equal steps, nudged plain beside. Once the plots dropped the misses: ``gpa_scaled`` at
-    0.44M and 1.5 tokens a parameter was drawn at 0.74 where the table says 0.67x."""
+    0.47M and 1.5 tokens a parameter was drawn at 0.74 where the table says 0.67x."""
     import matplotlib.pyplot as plt
 
     from benchmarks import scale
@@ -135,3 +135,14 @@ def test_the_plots_follow_the_tables_rule_and_draw_misses_as_misses():
     assert [t.get_text() for t in backward.get_xticklabels()] == ["1.5", "6", "25"]
     assert loss.get_title().startswith("loss at plain's last step") and "nudged" in loss.get_legend_handles_labels()[1]
     plt.close(fig)
+
+
+def test_each_size_is_named_by_its_counted_parameters():
+    """A size's name is its model's count, to two figures, in the scale grid and the averaging cost's file alike."""
+    from benchmarks import scale as grid
+    from benchmarks.harness import RESULTS
+
+    for name, dims in grid.SIZES.items():
+        assert f"{grid.parameters(*dims) / 1e6:.2g}M" == name
+    on_the_cpu = json.loads((RESULTS / "gpa_cost" / "gpa_cost.json").read_text())["on_the_cpu"]
+    assert on_the_cpu and all(f"{cell['parameters'] / 1e6:.2g}M" == name for name, cell in on_the_cpu.items())

@@ -2,13 +2,14 @@
 README's results and every table and count of the performance record lie in regions its generators write, and the
 regions are what the files give now."""
 
+import json
 import re
 
 import pytest
 
 from benchmarks.record import DOCUMENTS, GENERATORS, REGION, stale, written
 
-README, PERFORMANCE = DOCUMENTS
+README, PERFORMANCE, FOOTPRINT = DOCUMENTS
 COUNT = re.compile(r"\b\d+ of \d+\b")  # "3 of 5 seeds": a count that goes stale when written by hand
 
 
@@ -63,7 +64,7 @@ def test_the_verdict_sets_each_rules_median_against_the_nudged_controls_range(mo
         return [{"backward": b, "loss": v, "overfit": False} for b, v in zip(backward, loss)]
 
     figures = {  # the first cell: a gain beyond chaos; the second: inside it in steps, and a worse loss
-        "0.44M_25tpp": {
+        "0.47M_25tpp": {
             "default": seeds([1.1, 1.2, 1.05], [0.99, 0.98, 0.99]),
             "nudged": seeds([0.9, 1.0, 1.04], [1.0] * 3),
         },
@@ -75,7 +76,7 @@ def test_the_verdict_sets_each_rules_median_against_the_nudged_controls_range(mo
     }
     monkeypatch.setattr(scale, "cell_figures", lambda cell: figures.get(cell.name))
     text = record.scale_verdict()
-    cells = "0.44M_1.5tpp | 0.44M_6tpp | 0.44M_25tpp | 1.2M_1.5tpp | 3.3M_1.5tpp"
+    cells = "0.47M_1.5tpp | 0.47M_6tpp | 0.47M_25tpp | 1.2M_1.5tpp | 3.3M_1.5tpp"
     assert text.startswith(
         f"| each rule's median against plain nudged's range | {cells} |\n|---|---|---|---|---|---|\n"
     )
@@ -135,3 +136,29 @@ def test_the_readme_opens_with_what_to_expect_and_defines_each_term_where_first_
         first = readme.lower().index(term.lower())
         assert first == readme.lower().index(definition.lower()) + definition.lower().index(term.lower()), term
     assert readme.index("**The figures.**") < readme.index("## Quick start")
+
+
+def test_the_times_and_sizes_the_readme_quotes_are_the_footprints_files():
+    """The footprint's times live in times.json and its sizes in checkpoint_size.json; the README quotes only them."""
+    from benchmarks import footprint
+
+    readme, folder = README.read_text(), FOOTPRINT.parent
+    measured = {footprint.duration(run["wall_s"]) for run in footprint.times().values()}
+    assert set(re.findall(r"\b\d+ min \d+ s\b", readme)) <= measured
+    sizes = json.loads((folder / "checkpoint_size.json").read_text())["megabytes"]
+    pending = next(mb for name, mb in sizes.items() if name.startswith("hybrid, a jump pending"))
+    assert f"{pending:.1f} MB against plain's {sizes['plain, after fit']:.1f}" in readme
+
+
+def test_a_timed_command_is_kept_with_where_and_when_it_ran(tmp_path):
+    from benchmarks import footprint
+
+    kept = tmp_path / "times.json"
+    result = footprint.measure("suite", ["python", "-c", "sum(range(10**6))"], path=kept)
+    assert result["returncode"] == 0 and result["wall_s"] >= 0 and result["cpu_s"] > 0
+    assert json.loads(kept.read_text())["suite"]["command"] == "python -c 'sum(range(10**6))'"
+    failed = footprint.measure("quick_start", ["python", "-c", "raise SystemExit(3)"], path=kept)
+    assert failed["returncode"] == 3 and "quick_start" not in json.loads(kept.read_text())  # only what succeeded
+    with pytest.raises(SystemExit, match="name='made-up' is not one of"):
+        footprint.measure("made-up", ["true"], path=kept)
+    assert footprint.duration(47) == "47 s" and footprint.duration(294.5) == "4 min 54 s"
