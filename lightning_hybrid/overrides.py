@@ -2,10 +2,13 @@
 (``hybrid.outer_lr``, a setting of the ``predictor`` group) is refused naming where it belongs, and a misspelt one
 (``hybrid.ful_steps``) names the closest keys, where Hydra would say only that the key is not in the schema (and
 suggest appending it with ``+``, which then fails further on); a config group's misspelt option (``predictor=mpl``)
-names the group's options and the closest, where Hydra lists its structured schemas among them."""
+names the group's options and the closest, where Hydra lists its structured schemas among them. A ``trainer.``
+key that is no argument of Lightning's ``Trainer`` (``trainer.max_step``) names the closest ones, where Hydra's
+advice (``+trainer.max_step``) would fail in ``Trainer.__init__``."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from importlib.resources import files
 from itertools import pairwise
@@ -13,6 +16,7 @@ from pathlib import Path
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
+from lightning.pytorch import Trainer
 
 from lightning_hybrid.schema import PREDICTOR_SETTINGS, HybridSettings, setting_names
 from lightning_hybrid.settings import did_you_mean
@@ -20,6 +24,7 @@ from lightning_hybrid.settings import did_you_mean
 CONFIG_MODULE = "lightning_hybrid.configs"  # where the app's config groups ship
 
 GROUPS = ("hybrid", "predictor")
+TRAINER_ARGUMENTS = sorted(set(inspect.signature(Trainer.__init__).parameters) - {"self"})
 
 
 def _predictors_of(name: str) -> list[str]:
@@ -56,6 +61,7 @@ def misplaced(args: Sequence[str]) -> str | None:
         return None
     hybrid = setting_names(HybridSettings)
     predictor = sorted({n for schema in PREDICTOR_SETTINGS.values() for n in setting_names(schema)})
+    own_trainer = any(o.key_or_group.lstrip("+") == "trainer._target_" for o in parsed)  # its own arguments
     chosen = next((o.value() for o in parsed if o.key_or_group == "predictor" and isinstance(o.value(), str)), None)
     for override in parsed:
         value, name = override.value(), override.key_or_group.lstrip("+")
@@ -66,6 +72,11 @@ def misplaced(args: Sequence[str]) -> str | None:
         if options is not None and isinstance(value, str) and value not in options:
             listed = ", ".join(options)
             return f"`{name}={value}` is no config of the {name} group: one of {listed}{did_you_mean(value, options)}"
+        group, _, key = name.partition(".")
+        trainer_key = group == "trainer" and key and "." not in key and not override.is_delete()
+        if trainer_key and not own_trainer and key not in TRAINER_ARGUMENTS:
+            closest = did_you_mean(key, TRAINER_ARGUMENTS, "trainer.")
+            return f"`trainer.{key}` is no argument of Lightning's Trainer{closest}"
         group, _, key = override.key_or_group.partition(".")
         if group not in GROUPS or not key or "." in key or override.is_delete():
             continue

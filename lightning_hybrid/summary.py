@@ -90,11 +90,15 @@ def _by_phase(steps: dict[str, int]) -> str:
 
 def format_summary(summary: dict[str, Any], mode_lines: list[str], fit: Any = None) -> str:
     """A few lines for the end of ``fit``: the steps (from the start of training; where this fit resumed, also what
-    it ran: ``fit``, a :class:`~lightning_hybrid.engine.record.FitStart` of this fit's own), what the mode did
+    it ran: ``fit``, a :class:`~lightning_hybrid.engine.record.FitStart` of this fit's own; from the resumed step
+    where the checkpoint held no plugin state), what the mode did
     (``mode_lines``), the guard, and the shares of this fit's step time by phase."""
     total = counted(summary["steps_total"], "step")
     head = f"hybrid ({summary['mode']}, {summary['predictor']}): {total}"
-    if fit is not None and fit.global_step > 0:
+    if fit is not None and fit.afresh:
+        head += f" from step {fit.global_step}, where this fit resumed a checkpoint without the plugin's state: "
+        head += _by_phase(summary["steps_by_phase"])
+    elif fit is not None and fit.global_step > 0:
         ran = sum(fit.steps_by_phase.values())
         head += f" since training began: {_by_phase(summary['steps_by_phase'])}; this fit resumed at step "
         head += f"{fit.global_step} and ran {ran} ({_by_phase(fit.steps_by_phase) or 'none'})"

@@ -62,3 +62,22 @@ class StopAt(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if trainer.global_step == self.step:
             trainer.should_stop = True
+
+
+class LoadDuringHybrid(L.Callback):
+    """Three busy loops beside the hybrid half of ``mode=compare`` only: a machine whose load changed between the
+    two runs, as when another job starts."""
+
+    def on_train_start(self, trainer, pl_module):
+        from contextlib import ExitStack
+
+        from lightning_hybrid.callbacks import find_scheduler
+        from tests.helpers import cpu_bound
+
+        self.load = ExitStack()
+        if find_scheduler(trainer) is not None:
+            self.load.enter_context(cpu_bound(3))
+
+    def teardown(self, trainer, pl_module, stage):
+        if hasattr(self, "load"):
+            self.load.close()

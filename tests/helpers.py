@@ -12,6 +12,8 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -538,3 +540,15 @@ SAME_RUN = {
 def saved_checkpoints(out_dir: Path) -> list[Path]:
     """A `save` scenario's checkpoints, by step."""
     return sorted((out_dir / "ckpt").glob("*.ckpt"), key=lambda p: int(p.stem.split("=")[1]))
+
+
+@contextmanager
+def cpu_bound(processes: int = 2) -> Iterator[None]:
+    """``processes`` busy loops beside the test, as other jobs on a shared machine."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()

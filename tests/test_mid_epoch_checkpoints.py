@@ -40,6 +40,25 @@ def test_a_shuffled_dataloader_checkpointed_inside_an_epoch_is_said_once_and_doe
     assert not torch.equal(resumed, reference)  # what it said: other batches after the resume
 
 
+def test_the_checkpoint_lightning_saves_as_max_steps_ends_an_epoch_early_is_said_of_only_if_resumed(tmp_path):
+    """A short run's end (20 steps of 8-batch epochs) is saved inside an epoch by Lightning's own checkpointing: said
+    of on every short run, the warning was noise. Nothing is said when it is saved; a fit that resumes it for more
+    steps hears Lightning's own warning as it starts."""
+    shuffled = DataLoader(regression_data(256, 1), batch_size=32, shuffle=True)
+
+    def fit(steps, ckpt_path=None):
+        trainer, _ = hybrid_trainer(steps, enable_checkpointing=True, logger=False, default_root_dir=tmp_path)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            trainer.fit(RegressionModel(), shuffled, ckpt_path=ckpt_path)
+        return [str(w.message) for w in said], trainer.checkpoint_callback.best_model_path
+
+    said, saved = fit(20)
+    assert saved.endswith("step=20.ckpt") and not [m for m in said if SAID in m or "resuming from" in m]
+    said, _ = fit(30, ckpt_path=saved)
+    assert [m for m in said if "resuming from a checkpoint that ended before the epoch ended" in m]
+
+
 def test_checkpoints_at_epoch_ends_or_from_a_stateful_loader_resume_exactly_and_nothing_is_said(tmp_path):
     shuffled = DataLoader(regression_data(256, 1), batch_size=32, shuffle=True)
     reference, said = _fit(tmp_path / "epochs", shuffled, every=8)

@@ -171,6 +171,35 @@ def test_a_resumed_fits_text_says_the_counts_run_from_the_start_and_what_this_fi
     assert "hybrid: this fit's step time by phase: warmup 0%, full 100%" in text
 
 
+def test_a_plain_checkpoint_resumed_under_the_plugin_counts_its_warm_up_from_the_resume(tmp_path, caplog):
+    """A plain run's checkpoint at step 30 resumed under the plugin to step 36 once printed "(warmup 6, full 0)"
+    with no warning (the check compared absolute steps). The plugin starts there: what this fit will do is said as
+    it starts, the short fit warned about, the counts given from the resumed step; a longer fit jumps."""
+    import lightning as L
+
+    settings = dict(warmup_steps=4, full_steps=6, verify_window=3, verify_resolution=0.0)
+    plain = L.Trainer(max_steps=30, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                      enable_checkpointing=False, limit_val_batches=0, default_root_dir=tmp_path)  # fmt: skip
+    plain.fit(RegressionModel(), loader())
+    plain.save_checkpoint(tmp_path / "plain.ckpt")
+    short, _ = hybrid_trainer(36, hybrid=hybrid_callbacks(**settings))
+    with caplog.at_level(logging.INFO), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        short.fit(RegressionModel(), loader(), ckpt_path=tmp_path / "plain.ckpt")
+    assert "this fit resumes at step 30 from a checkpoint without the plugin's state" in caplog.text
+    assert "(warmup_steps=4) counted from step 30; its first prediction can be made and judged by step 46" in (
+        caplog.text
+    )
+    said = [str(w.message) for w in caught if "before step 46" in str(w.message)]
+    assert len(said) == 1 and "this fit ends at step 36" in said[0] and "counted from step 30" in said[0]
+    head = "hybrid (jumps, outer): 6 steps from step 30, where this fit resumed a checkpoint without the plugin's "
+    assert head + "state: 4 in the plugin's warm-up (warmup_steps), 2 full" in scheduler_of(short).report()
+    longer, _ = hybrid_trainer(60, hybrid=hybrid_callbacks(**settings))
+    longer.fit(RegressionModel(), loader(), ckpt_path=tmp_path / "plain.ckpt")
+    summary = scheduler_of(longer).summary()
+    assert summary["steps_by_phase"]["warmup"] == 4 and summary["jumps_made"] >= 1
+
+
 def test_the_bar_shows_each_steps_counts_however_the_callbacks_are_ordered():
     """The app lists its progress bar before the hybrid callbacks, so the bar ends each batch first: it shows that
     step's share skipped, not the step before's (a bar at 4.8% at the last step once beside a summary's 4.7%)."""

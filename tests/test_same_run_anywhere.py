@@ -2,36 +2,28 @@
 so a run made beside CPU-bound processes, and a resume made under load, end bitwise as the run made on an idle
 machine, in the default rule and in the per-step mode with its horizon bandit."""
 
-import subprocess
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_hybrid import HorizonBandit, hybrid_callbacks
 from lightning_hybrid.algorithms import LinUCBHorizons
-from tests.helpers import RESUME_SETTINGS, RULE, RegressionModel, flat_params, hybrid_trainer, loader, scheduler_of
+from tests.helpers import (
+    RESUME_SETTINGS,
+    RULE,
+    RegressionModel,
+    cpu_bound,
+    flat_params,
+    hybrid_trainer,
+    loader,
+    scheduler_of,
+)
 
 STEPS = 40
 MODES = {
     "default": lambda **kw: hybrid_callbacks(**RULE, **kw),
     "per-step": lambda **kw: hybrid_callbacks(predictor="linear", **RESUME_SETTINGS, **kw),  # the bandit chooses
 }
-
-
-@contextmanager
-def cpu_bound(processes: int = 2) -> Iterator[None]:
-    """``processes`` busy loops beside the test, as other jobs on a shared machine."""
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
-    try:
-        yield
-    finally:
-        for hog in hogs:
-            hog.kill()
-            hog.wait()
 
 
 def _fit(mode: str, root, ckpt_path=None, save: bool = False, **settings):

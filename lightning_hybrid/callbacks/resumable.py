@@ -44,8 +44,10 @@ def why_not_resumable(loader: Any) -> str | None:
 
 
 def unresumable_checkpoint(trainer: pl.Trainer) -> str | None:
-    """What to tell a user whose checkpoint, saved now, will not resume with the uninterrupted run's batches."""
-    if trainer.state.fn != "fit" or not mid_epoch(trainer):
+    """What to tell a user whose checkpoint, saved now, will not resume with the uninterrupted run's batches. Not
+    of the checkpoint Lightning saves as ``max_steps`` ends the fit: resuming it trains only if the user asks for more
+    steps, and then Lightning says, as that fit starts, that its loader cannot take up where it was."""
+    if trainer.state.fn != "fit" or not mid_epoch(trainer) or trainer.global_step == trainer.max_steps:
         return None
     loaders = CombinedLoader(trainer.train_dataloader).flattened if trainer.train_dataloader is not None else []
     reason = next((r for r in map(why_not_resumable, loaders) if r is not None), None)

@@ -151,7 +151,7 @@ class HybridScheduler(HybridComponent):
         optimizer = optimizers[0] if len(optimizers) == 1 else OptimizerSet(optimizers)
         start, end = trainer.global_step // self._per_batch, last_step(trainer)
         end = None if end is None else end // self._per_batch
-        warn_short_fit(family, self.config, self.predictor.predictor, start, end)
+        warn_short_fit(family, self.config, self.predictor.predictor, start, end, self.engine.record.afresh(start))
         self.engine.bind(
             optimizer,
             trainer.strategy,

@@ -101,17 +101,26 @@ def warn_ignored(
 
 
 def warn_short_fit(
-    family: type[PredictionFamily], config: HybridConfig, predictor: Any, start: int, end: int | None
+    family: type[PredictionFamily], config: HybridConfig, predictor: Any, start: int, end: int | None, afresh: bool
 ) -> None:
     """A fit that ends before its mode can have made and judged a prediction trains as plain Lightning: say so
-    before it trains (a ``max_steps`` below ``warmup_steps``, say)."""
-    first = family.first_judged_step(config, predictor)
+    before it trains (a ``max_steps`` below ``warmup_steps``, say). ``afresh``: the plugin starts at ``start`` with
+    no state of its own (a plain run's checkpoint resumed), so its warm-up counts from there, and that is said."""
+    first = (start if afresh else 0) + family.first_judged_step(config, predictor)
+    if afresh:
+        rank_zero_info(
+            f"hybrid: this fit resumes at step {start} from a checkpoint without the plugin's state (a plain run's): "
+            f"the plugin starts there, its warm-up (warmup_steps={config.warmup_steps}) counted from step {start}; "
+            f"its first prediction can be made and judged by step {first}"
+            + ("." if end is None else f", and this fit ends at step {end}.")
+        )
     if end is None or end >= first or start >= first or not config.enable_prediction:
         return
     rank_zero_warn(
         f"hybrid: this fit ends at step {end}, before step {first}, the first by which {mode_of(family)} can have "
-        f"made and judged a prediction (warmup_steps={config.warmup_steps}, full_steps={config.full_steps}): the "
-        "whole fit is plain training with the plugin's checks. Lower warmup_steps or train longer."
+        f"made and judged a prediction (warmup_steps={config.warmup_steps}, full_steps={config.full_steps}"
+        + (f", counted from step {start}" if afresh else "")
+        + "): the whole fit is plain training with the plugin's checks. Lower warmup_steps or train longer."
     )
 
 

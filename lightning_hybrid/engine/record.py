@@ -46,6 +46,7 @@ class FitStart:
     global_step: int
     steps_by_phase: dict[str, int]
     time_by_phase_s: dict[str, float]
+    afresh: bool = False  # the plugin's counts begin here, at a resumed step (a checkpoint without its state)
 
 
 @dataclass
@@ -63,14 +64,20 @@ class RunRecord:
         """Training starts (or resumes) at ``global_step``."""
         self.wall_t0 = time.perf_counter()
         c = self.counters
-        self.fit_start = FitStart(global_step, dict(c.steps_by_phase), dict(c.time_by_phase_s))
+        steps, seconds = dict(c.steps_by_phase), dict(c.time_by_phase_s)
+        self.fit_start = FitStart(global_step, steps, seconds, self.afresh(global_step))
+
+    def afresh(self, global_step: int) -> bool:
+        """Whether a fit starting at ``global_step`` starts the plugin's counts there: a resumed step with nothing
+        counted before it (a checkpoint without the plugin's state, a plain run's)."""
+        return global_step > 0 and not any(self.counters.steps_by_phase.values())
 
     def this_fit(self) -> FitStart:
         """What this fit ran: its first step, and its steps and their time by phase (the restored ones left out)."""
         start, c = self.fit_start or FitStart(0, {}, {}), self.counters
         steps = {k: n - start.steps_by_phase.get(k, 0) for k, n in c.steps_by_phase.items()}
         seconds = {k: t - start.time_by_phase_s.get(k, 0.0) for k, t in c.time_by_phase_s.items()}
-        return FitStart(start.global_step, steps, seconds)
+        return FitStart(start.global_step, steps, seconds, start.afresh)
 
     def stop_clock(self) -> None:
         self.wall_base, self.wall_t0 = self.wall_time(), 0.0
