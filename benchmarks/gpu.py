@@ -2,14 +2,25 @@
 plan's parts in order while they fit the call's budget, writes each result as soon as it ends, and a later call
 resumes from those results (a run already recorded is never run again).
 
-    python -m benchmarks.gpu                       # the plan's first call, about 6.5 minutes
-    python -m benchmarks.gpu --budget-min 5.4      # the second, about 5.4 (the overheads fit)
+    python -m benchmarks.gpu                       # the plan's first call, about 6.5 minutes: the grid first
+    python -m benchmarks.gpu --budget-min 5        # the second: the grid goes on where the first stopped
     python -m benchmarks.gpu --parts sync memory   # the mechanics checks, by name
     python -m benchmarks.gpu --dry-run             # on the CPU at tiny sizes: the suite runs it so it cannot rot
     python -m benchmarks.gpu --report --out DIR    # DIR's README.md rewritten from its files, nothing run
 
-The plan, on the 85M GPT-2-shaped character GPT in bf16 with fused AdamW (``char_gpt_gpt2``: 16 MB of the standard
-library with its tests, so no run reads a byte twice), the decisive figure first:
+By default a call runs the grid, then what the first GPU run (2026-11-28) left: the GPU's busy share (``profile``)
+and ``overheads_adamw``. The grid is ``benchmarks.scale``'s GPU cells (``GPU_GRID``): the char GPT at 3.3M (the CPU
+grid's cell, on its batch), 17M and 43M at 1.5 tokens a parameter, then 3.3M and 17M at 6, then primal averaging
+(its window scaled) at each size's longest cell; bf16, fused AdamW, cosine to the end of each run. Each size's rate
+is the best of three in plain's sweep at 1.5 tokens a parameter among curves lowest in their last tenth; each seed
+(2) runs plain, the default and nudged plain in one process after a discarded warm-up run, plain first in even seeds
+and last in odd. The plan estimates each cell from its steps (``GRID_STEP_S``); a block starts only where its runs
+fit the call, each run is written as it ends (into ``benchmarks/results/scale_gpu``), and a block another process
+left unfinished runs again whole. Estimated, the size axis alone takes over 20 minutes and the whole grid about 70:
+more than a session's device time, so it continues across sessions, the decisive cells first.
+
+The 85M parts (run on 2026-11-28; by name with ``--parts``), on the GPT-2-shaped character GPT in bf16 with fused
+AdamW (``char_gpt_gpt2``: 16 MB of the standard library with its tests, so no run reads a byte twice):
 
 1. ``sweep``: plain at 3 rates, 1,000 steps, cosine over the run, seed 0.
 2. ``quality``: the default against plain at the sweep's best rate (the lowest final loss of a curve that does not
@@ -29,8 +40,9 @@ library with its tests, so no run reads a byte twice), the decisive figure first
    ``overheads_adamw``, the same with torch's default AdamW (every quiet step reads the guard to the host).
 
 The mechanics parts (``sync``, ``memory``, ``offload``, ``outer_memory``, ``fp16``, ``fsdp``) run when named.
-Results in ``--out`` (default ``benchmarks/results/gpu/<date>``): ``overheads.json``, ``profile.json``,
-``quality.json`` (the sweep's runs and the comparisons too), ``mechanics.json`` and ``README.md``. A part that fails
+Results in ``--out`` (default ``benchmarks/results/gpu/<date>``): ``grid.json`` (what the call completed and what
+waits, and the grid's table), ``overheads.json``, ``profile.json``, ``quality.json`` (the sweep's runs and the
+comparisons too), ``mechanics.json`` and ``README.md``. A part that fails
 is recorded with its error; the others still run.
 """
 
@@ -49,6 +61,7 @@ from typing import Any
 
 import torch
 
+from benchmarks import scale
 from benchmarks.curves import overfits
 from benchmarks.gpu_mechanics import CUDA, MECHANICS, TINY_GPT, Call
 from benchmarks.harness import (
@@ -149,13 +162,22 @@ def _quality_row(best: float | None, factor: float, arm: str, runs: dict[str, An
     )
 
 
-def plan(done: dict[str, Any] | None = None, gpa: bool = GPA_ARM) -> list[tuple[str, str, float]]:
+def plan(
+    done: dict[str, Any] | None = None, gpa: bool = GPA_ARM, dry_grid: Path | None = None
+) -> list[tuple[str, str, float]]:
     """What is left to run, the decisive figure first, with its estimated minutes on an H200: ``(part, what,
-    minutes)``; ``gpa``: with primal averaging's arm."""
+    minutes)``; ``gpa``: with primal averaging's arm; ``dry_grid``: the dry run's grid folder (its tiny cell)."""
     done = done or {}
     cells = done.get("overheads", {}).get("cells", {})
     runs = done.get("quality", {}).get("runs", {})
     rows = []
+    for cell, configs in grid_cells(dry_grid):
+        left = scale.runs_left(cell, configs)
+        if left:
+            what = "plain, the default, nudged plain" if configs == scale.BLOCKS["default"] else "plain, gpa (scaled)"
+            rows.append(
+                ("grid", f"{cell.name} ({cell.length.steps} steps): {what}, {left} runs", left * grid_run_minutes(cell))
+            )
     sweep = [lr for lr in SWEEP_RATES if _key(lr, 0, "plain") not in runs]
     if sweep:
         rates = ", ".join(f"{lr:.3g}" for lr in sweep)
@@ -180,6 +202,46 @@ def this_call(rows: list[tuple[str, str, float]], budget_min: float, dry: bool) 
         taken.append(row)
         minutes += row[2]
     return taken
+
+
+# -- the grid: benchmarks.scale's GPU cells, the decisive first ---------------------------------------------------
+# an H200's step at each of the grid's sizes (bf16, fused AdamW, the size's batch), estimated until the grid's files
+# hold measured ones: 3.3M and 17M paced by the host as the 85M's 0.027 s is at a quarter of its work, 43M by its
+# 8.5 TFLOP a step
+GRID_STEP_S = {"3.3M": 0.012, "17M": 0.015, "43M": 0.035, "dry": 0.0}
+
+
+def grid_cells(root: Path | None = None) -> list[tuple[scale.Cell, tuple[str, ...]]]:
+    """The grid's blocks in the order they run: plain, the default and nudged plain in each cell, then primal
+    averaging at each size's longest cell; ``root``: the dry run's one tiny cell on the CPU, in that folder (its
+    default's blocks: primal averaging's take the same path, and the 85M's dry run rehearses its arm)."""
+    if root is not None:
+        return [(scale.Cell("dry", scale.SHARED_LENGTH, "dry", str(root)), scale.BLOCKS["default"])]
+    cells = [scale.Cell(size, tokens, "gpu") for size, tokens in scale.GPU_GRID]
+    longest = {c.size: c for c in sorted(cells, key=lambda c: c.tokens_per_param)}
+    return [(c, scale.BLOCKS["default"]) for c in cells] + [(c, scale.BLOCKS["gpa_scaled"]) for c in longest.values()]
+
+
+def grid_run_minutes(cell: scale.Cell) -> float:
+    return (RUN_START_S + cell.length.steps * GRID_STEP_S[cell.size] * VALIDATION) / 60
+
+
+def grid(call: Call) -> dict[str, Any]:
+    """The grid's blocks in order while they fit the call (``scale.run_cell`` asks before the sweep and each
+    block); what is complete and what waits for the next call. Each run is written to its block's file as it ends."""
+    done, waiting = [], []
+    for cell, configs in grid_cells(call.out / "grid" if call.dry else None):
+        minutes = grid_run_minutes(cell)
+        fits = scale.run_cell(
+            cell,
+            tuple(range(cell.seeds)),
+            configs,
+            call.workdir,
+            room=lambda runs, minutes=minutes: call.dry or runs * minutes * 60 < call.left(),
+        )
+        (done if fits else waiting).append(f"{cell.name} {'+'.join(configs)}")
+    cells = list(dict.fromkeys(cell for cell, _ in grid_cells(call.out / "grid" if call.dry else None)))
+    return {"complete": done, "waiting": waiting, "table": scale.cells_table(cells)}
 
 
 # -- the parts ------------------------------------------------------------------------------------------------------
@@ -322,9 +384,11 @@ def _write(path: Path, data: dict[str, Any]) -> None:
     write_atomic(path, json.dumps(data, indent=1, default=str))
 
 
-PARTS = ("overheads", "profile", "sweep", "quality", "quality_gpa", "overheads_adamw")  # the plan, in order
+PARTS = ("grid", "overheads", "profile", "sweep", "quality", "quality_gpa", "overheads_adamw")  # the plan, in order
+# what a call runs unless told: the grid, then what the first GPU run (2026-11-28) left: the busy share and AdamW
+NEXT = ("grid", "profile", "overheads_adamw")
 CHOICES = (*PARTS, *MECHANICS)
-FILES = ("mechanics", "overheads", "profile", "quality")
+FILES = ("mechanics", "overheads", "profile", "quality", "grid")
 
 
 def _unfinished(result: dict[str, Any] | None) -> bool:
@@ -335,7 +399,8 @@ def run(parts: list[str], out: Path, budget_min: float, dry: bool) -> dict[str, 
     """The named mechanics parts, then the plan's rows this call has room for (every one, dry)."""
     out.mkdir(parents=True, exist_ok=True)
     done = {name: _load(out / f"{name}.json") for name in FILES}
-    rows = this_call([r for r in plan(done, GPA_ARM or dry) if r[0] in parts], budget_min, dry)
+    grid_root = out / "grid" if dry else None
+    rows = this_call([r for r in plan(done, GPA_ARM or dry, grid_root) if r[0] in parts], budget_min, dry)
     with tempfile.TemporaryDirectory() as workdir:
         call = Call(out, dry, time.monotonic() + budget_min * 60, workdir)
         for part in (p for p in parts if p in MECHANICS):
@@ -343,7 +408,10 @@ def run(parts: list[str], out: Path, budget_min: float, dry: bool) -> dict[str, 
                 _write(out / "mechanics.json", done["mechanics"] | {"machine": machine()})
                 write_atomic(out / "README.md", markdown(done))
         for part in dict.fromkeys(row[0] for row in rows):
-            if part in ("overheads", "overheads_adamw"):
+            if part == "grid":
+                done["grid"] = _attempt(grid, call) | {"machine": machine()}
+                _write(out / "grid.json", done["grid"])
+            elif part in ("overheads", "overheads_adamw"):
                 cell = "85M" if part == "overheads" else "85M_adamw"
                 cells = done["overheads"].setdefault("cells", {})
                 cells[cell] = _attempt(lambda c, cell=cell: overheads(c, cell), call)
@@ -351,7 +419,9 @@ def run(parts: list[str], out: Path, budget_min: float, dry: bool) -> dict[str, 
             elif part == "profile":
                 done["profile"] = {"result": _attempt(profile, call), "machine": machine()}
                 _write(out / "profile.json", done["profile"])
-            elif part == "sweep" or "sweep" not in (row[0] for row in rows):  # the sweep's runs and the quality's
+            elif part == "sweep" or (
+                part.startswith("quality") and "sweep" not in (row[0] for row in rows)
+            ):  # the sweep's runs and the quality's
                 record = done["quality"]
 
                 def save(record: dict[str, Any] = record) -> None:
@@ -402,6 +472,9 @@ def markdown(done: dict[str, Any]) -> str:
     recorded = [done[name]["machine"] for name in FILES if "machine" in done[name]]
     where = recorded[0] if recorded else machine()  # the GPU's, when the results are read back elsewhere
     lines = ["# The GPU command (`python -m benchmarks.gpu`)", "", f"Machine: {where}", ""]
+    if "table" in done["grid"]:
+        lines += ["## The grid (`benchmarks.scale`'s GPU cells), as this call left it", "", done["grid"]["table"], ""]
+        lines += [f"Waiting for a later call: {', '.join(done['grid']['waiting']) or 'none'}.", ""]
     cells = done["overheads"].get("cells", {})
     if cells:
         lines += ["## Overheads: the steady step's wall time over plain's (median, range over rounds)", ""]
@@ -496,8 +569,10 @@ def _short(result: dict[str, Any]) -> str:
     return json.dumps(picked, default=str)[:400].replace("|", "/")
 
 
-def plan_text(parts: list[str], budget_min: float, dry: bool = False, done: dict[str, Any] | None = None) -> str:
-    rows = [r for r in plan(done, GPA_ARM or dry) if r[0] in parts]
+def plan_text(
+    parts: list[str], budget_min: float, dry: bool = False, done: dict[str, Any] | None = None, out: Path | None = None
+) -> str:
+    rows = [r for r in plan(done, GPA_ARM or dry, out / "grid" if dry and out else None) if r[0] in parts]
     now = this_call(rows, budget_min, dry)
     lines = [
         f"plan ({'dry run, tiny sizes' if dry else 'estimated minutes on an H200'}; this call: the first {len(now)}):"
@@ -511,7 +586,7 @@ def plan_text(parts: list[str], budget_min: float, dry: bool = False, done: dict
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--parts", nargs="+", choices=CHOICES, default=list(PARTS))
+    parser.add_argument("--parts", nargs="+", choices=CHOICES, default=list(NEXT))
     parser.add_argument("--budget-min", type=float, default=BUDGET_MIN, help="minutes this call's parts may use")
     parser.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU; the CUDA-only parts skipped")
     parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/gpu/<date>")
@@ -523,7 +598,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.report:
         write_atomic(out / "README.md", markdown(done))
         return
-    print(plan_text(args.parts, args.budget_min, args.dry_run, done), flush=True)  # before anything runs
+    print(plan_text(args.parts, args.budget_min, args.dry_run, done, out), flush=True)  # before anything runs
     done = run(args.parts, out, args.budget_min, args.dry_run)
     print(markdown(done))
 

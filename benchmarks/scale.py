@@ -24,7 +24,8 @@ import argparse
 import functools
 import json
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ from benchmarks.harness import (
     machine,
     now,
     record_from,
+    stamp,
     warm_up,
     write_atomic,
 )
@@ -59,6 +61,21 @@ GRIDS = {
     "size": [(size, SHARED_LENGTH) for size in SIZES],
 }
 SEEDS = 3
+# The GPU grid (``benchmarks.gpu``'s ``grid`` part): the CPU grid's 3.3M cell (its batch: the machines compared) and
+# two larger sizes on wider batches, in bf16 with fused AdamW, the decisive cells first: sizes at 1.5 tokens a
+# parameter, then the two smaller at 6. Each size's rate: the best of three in plain's sweep at 1.5 tokens a
+# parameter whose curve is lowest in its last tenth; each seed's plain, default and nudged plain in one process, plain
+# first in even seeds and last in odd (a run's place in the process favours neither).
+GPU_OUT = RESULTS / "scale_gpu"
+GPU_SIZES = {"3.3M": SIZES["3.3M"], "17M": (8, 416, 8), "43M": (12, 544, 8)}
+GPU_BATCHES = {"17M": (64, 256), "43M": (128, 256)}  # windows a batch, bytes a window (elsewhere the CPU's 32 x 64)
+GPU_RATES = {"3.3M": (1.5e-3, 3e-3, 6e-3), "17M": (1e-3, 2e-3, 4e-3), "43M": (6e-4, 1.2e-3, 2.4e-3)}
+GPU_GRID = [("3.3M", 1.5), ("17M", 1.5), ("43M", 1.5), ("3.3M", 6.0), ("17M", 6.0)]
+GPU_SEEDS = 2
+GPU_TASK = "char_gpt_scale_gpu"
+GPU_OVERRIDES = ["trainer=gpu", "model.fused=true"]
+DRY_SIZES, DRY_RATES = {"dry": (1, 32, 2)}, {"dry": (3e-3, 6e-3, 1.2e-2)}  # the dry run's: the GPU grid on a CPU
+DRY_VALIDATIONS = 5  # its runs of 20 steps (primal averaging scales its window to no fewer)
 VALIDATIONS = 20  # a run's; the suite's cells of a few dozen steps validate less often (validation was most of them)
 # configuration -> (overrides, the rate's factor); the hybrid ones run with the plugin
 CONFIGS = {
@@ -81,26 +98,68 @@ def overrides_of(cell: Cell, config: str) -> tuple[list[str], float]:
 
 @dataclass(frozen=True)
 class Cell:
+    """A size trained for a number of tokens a parameter, on a ``machine``: ``cpu`` (the CPU grid), ``gpu`` (the
+    GPU grid) or ``dry`` (the GPU grid's code at a tiny size on the CPU, in ``root``)."""
+
     size: str
     tokens_per_param: float
+    machine: str = "cpu"
+    root: str = ""
 
     @property
     def name(self) -> str:
         return f"{self.size}_{self.tokens_per_param:g}tpp"
 
     @property
+    def on_cpu_grid(self) -> bool:
+        return self.machine == "cpu"
+
+    @property
+    def dims(self) -> tuple[int, int, int]:
+        return {"cpu": SIZES, "gpu": GPU_SIZES, "dry": DRY_SIZES}[self.machine][self.size]
+
+    @property
+    def batch(self) -> tuple[int, int] | None:
+        return GPU_BATCHES.get(self.size) if self.machine == "gpu" else None
+
+    @property
     def overrides(self) -> list[str]:
-        layers, width, heads = SIZES[self.size]
-        return [f"model.n_layer={layers}", f"model.n_embd={width}", f"model.n_head={heads}"]
+        layers, width, heads = self.dims
+        out = [f"model.n_layer={layers}", f"model.n_embd={width}", f"model.n_head={heads}"]
+        if self.batch is not None:
+            out += [f"data.batch_size={self.batch[0]}", f"data.block_size={self.batch[1]}"]
+        return out + (GPU_OVERRIDES if self.machine == "gpu" else [])
+
+    @property
+    def tokens_per_step(self) -> int:
+        return TOKENS_PER_STEP if self.batch is None else self.batch[0] * self.batch[1]
+
+    @property
+    def task(self) -> str:
+        return TASK if self.on_cpu_grid else GPU_TASK
+
+    @property
+    def seeds(self) -> int:
+        return SEEDS if self.on_cpu_grid else GPU_SEEDS
+
+    @property
+    def folder(self) -> Path:
+        return Path(self.root or (OUT if self.on_cpu_grid else GPU_OUT)) / self.name
+
+    @property
+    def swept(self) -> Cell:
+        """The cell whose sweep gives this one's rate: itself on the CPU; on the GPU its size's shortest cell."""
+        return self if self.on_cpu_grid else replace(self, tokens_per_param=SHARED_LENGTH)
 
     @property
     def params(self) -> int:
-        return parameters(*SIZES[self.size])
+        return parameters(*self.dims)
 
     @property
     def length(self) -> Length:
-        every = max(1, round(self.tokens_per_param * self.params / TOKENS_PER_STEP / VALIDATIONS))
-        steps = VALIDATIONS * every  # validated VALIDATIONS times, the last at its end
+        validations = DRY_VALIDATIONS if self.machine == "dry" else VALIDATIONS
+        every = max(1, round(self.tokens_per_param * self.params / self.tokens_per_step / validations))
+        steps = validations * every  # validated that many times, the last at its end
         return Length(steps, every, val_batches(steps), self.name)
 
 
@@ -123,8 +182,8 @@ def parameters(layers: int, width: int, heads: int) -> int:
     return sum(p.numel() for p in CharGPT(n_layer=layers, n_embd=width, n_head=heads).parameters())
 
 
-def _stamp() -> dict[str, Any]:
-    return {"machine": machine(), "process": PROCESS, "finished": now()}
+def _stamp(started: str) -> dict[str, Any]:
+    return {"machine": machine(), **stamp(started)}
 
 
 def _fit(cell: Cell, lr: float, seed: int, config: str, workdir: str, baseline: Record | None) -> dict[str, Any]:
@@ -132,16 +191,17 @@ def _fit(cell: Cell, lr: float, seed: int, config: str, workdir: str, baseline: 
     it."""
     overrides, factor = overrides_of(cell, config)
     spec = cell.length
-    cfg = compose_run(TASK, spec, seed, [*cell.overrides, f"model.lr={lr * factor}", *overrides], workdir)
+    cfg = compose_run(cell.task, spec, seed, [*cell.overrides, f"model.lr={lr * factor}", *overrides], workdir)
     stop = None
-    if baseline is not None:
+    if baseline is not None:  # plain ran first: the others may go on to its final loss; else they run its steps
         with open_dict(cfg):
-            cfg.trainer.max_steps = trainer_steps(TASK, hybrid_steps(spec))
+            cfg.trainer.max_steps = trainer_steps(cell.task, hybrid_steps(spec))
         stop = baseline_target(baseline, spec)
+    started = now()
     record = fit(cfg, hybrid=config in HYBRID_CONFIGS, stop=stop)
     print(f"{cell.name} lr {lr:.3g} seed {seed} {config}: final val loss {record.curve.losses[-1]:.4f}", flush=True)
     figures = {"config": config, "trained_lr": lr * factor, "val_batches": spec.val_batches}
-    return {**figures, **_stamp(), **record.to_dict()}
+    return {**figures, **_stamp(started), **record.to_dict()}
 
 
 def _read(path: Path) -> dict[str, Any] | None:
@@ -156,15 +216,21 @@ def _write(path: Path, data: dict[str, Any]) -> None:
 def sweep(cell: Cell, workdir: str) -> float:
     """The cell's tuned rate: plain (seed 0) at rates a factor of 2 apart from the size's centre, widened toward
     the better side until the best final validation loss lies inside; each run is kept in ``sweep.json``."""
-    path = OUT / cell.name / "sweep.json"
+    cell = cell.swept  # on the GPU: three rates at the size's shortest length, which its longer cells take too
+    path = cell.folder / "sweep.json"
     runs: dict[str, Any] = (_read(path) or {}).get("runs", {})
-    rates = [CENTRE[cell.size] / 2, CENTRE[cell.size], CENTRE[cell.size] * 2]
+    if cell.on_cpu_grid:
+        rates = [CENTRE[cell.size] / 2, CENTRE[cell.size], CENTRE[cell.size] * 2]
+    else:
+        rates = list({**GPU_RATES, **DRY_RATES}[cell.size])
     while True:
         for lr in rates:
             if f"{lr:.6g}" not in runs:
                 runs[f"{lr:.6g}"] = _fit(cell, lr, 0, "plain", workdir, None)
                 _write(path, {"cell": cell.name, "steps": cell.length.steps, "runs": runs})
-        best = tuned(runs)
+        best = tuned(runs, settled=not cell.on_cpu_grid)
+        if not cell.on_cpu_grid:
+            return best
         if best == min(rates):
             rates.insert(0, best / 2)
         elif best == max(rates):
@@ -173,14 +239,23 @@ def sweep(cell: Cell, workdir: str) -> float:
             return best
 
 
-def tuned(runs: dict[str, Any]) -> float:
-    """The rate of the best final validation loss (a non-finite loss is the worst)."""
+def tuned(runs: dict[str, Any], settled: bool = False) -> float:
+    """The rate of the best final validation loss (a non-finite loss is the worst); ``settled``: among the curves
+    lowest in their last tenth where any is (a curve lowest earlier gives no time to its final loss)."""
     finals = {float(lr): run["points"][-1]["val_loss"] for lr, run in runs.items()}
+    if settled:
+        late = {float(lr) for lr, run in runs.items() if lowest_in_last_tenth([p["val_loss"] for p in run["points"]])}
+        finals = {lr: v for lr, v in finals.items() if lr in late} or finals
     return min(finals, key=lambda lr: finals[lr] if finals[lr] == finals[lr] else float("inf"))
 
 
+def lowest_in_last_tenth(losses: list[float]) -> bool:
+    lowest = min(range(len(losses)), key=lambda i: losses[i] if losses[i] == losses[i] else float("inf"))
+    return lowest >= 0.9 * (len(losses) - 1)
+
+
 def block_path(cell: Cell, seed: int, configs: tuple[str, ...] = BLOCKS["default"]) -> Path:
-    return OUT / cell.name / f"seed{seed}_{'_'.join(configs)}.json"
+    return cell.folder / f"seed{seed}_{'_'.join(configs)}.json"
 
 
 def block(cell: Cell, seed: int, lr: float, workdir: str, configs: tuple[str, ...] = BLOCKS["default"]) -> None:
@@ -193,13 +268,14 @@ def block(cell: Cell, seed: int, lr: float, workdir: str, configs: tuple[str, ..
         return
     if done is None or done["process"] != PROCESS or done["lr"] != lr:
         done = {"cell": cell.name, "seed": seed, "lr": lr, "steps": cell.length.steps, "process": PROCESS, "runs": {}}
-        swept = (_read(OUT / cell.name / "sweep.json") or {"runs": {}})["runs"].get(f"{lr:.6g}")
+        swept = (_read(cell.folder / "sweep.json") or {"runs": {}})["runs"].get(f"{lr:.6g}")
         if seed == 0 and swept is not None and swept["process"] == PROCESS:
             done["runs"]["plain"] = swept
     runs = done["runs"]
-    for config in ("plain", *configs):
+    last = not cell.on_cpu_grid and seed % 2 == 1  # the GPU grid's odd seeds run plain last
+    for config in (*configs, "plain") if last else ("plain", *configs):
         if config not in runs:
-            baseline = record_from(runs["plain"]) if config != "plain" else None
+            baseline = record_from(runs["plain"]) if config != "plain" and "plain" in runs else None
             runs[config] = _fit(cell, lr, seed, config, workdir, baseline)
             _write(path, done)
 
@@ -210,16 +286,43 @@ def run(
     """The grid's cells (those named in ``only``) with blocks of ``BLOCKS[name]`` for ``seeds``, the costliest cell
     first: the smallest is in both grids, run by whichever comes to it first. Two processes share a cell's seeds
     by naming different ones."""
-    configs = BLOCKS[name]
     cells = [c for c in (Cell(*c) for c in GRIDS[grid]) if only is None or c.name in only]
     with tempfile.TemporaryDirectory() as workdir:
         for cell in sorted(cells, key=lambda c: c.params**2 * c.tokens_per_param)[::-1]:
-            if all(_complete(cell, seed, configs) for seed in seeds):
-                continue
-            warm_up(TASK, cell.length, cell.overrides, workdir)
-            lr = sweep(cell, workdir)
-            for seed in seeds:
-                block(cell, seed, lr, workdir, configs)
+            run_cell(cell, seeds, BLOCKS[name], workdir)
+
+
+def run_cell(
+    cell: Cell,
+    seeds: tuple[int, ...],
+    configs: tuple[str, ...],
+    workdir: str,
+    room: Callable[[int], bool] = lambda runs: True,
+) -> bool:
+    """The cell's sweep and a block of ``configs`` for each of ``seeds``, after a discarded warm-up run (the first
+    run in a process paid for one-time costs), unless every block is in. ``room(runs)``: whether that many runs of
+    the cell still fit, asked before the sweep and each block; whether every block is in."""
+    left = [seed for seed in seeds if not _complete(cell, seed, configs)]
+    if not left:
+        return True
+    if not room(3 + 1 + len(configs)):  # the sweep's runs at most, the warm-up and a block
+        return False
+    warm_up(cell.task, cell.length, cell.overrides, workdir)
+    lr = sweep(cell, workdir)
+    for seed in left:
+        if not room(1 + len(configs)):
+            return False
+        block(cell, seed, lr, workdir, configs)
+    return True
+
+
+def runs_left(cell: Cell, configs: tuple[str, ...]) -> int:
+    """The runs that blocks of ``configs`` still need in ``cell`` over its seeds, with the sweep's where the
+    default's blocks would start it."""
+    blocks = [_read(block_path(cell, seed, configs)) or {} for seed in range(cell.seeds)]
+    left = sum(1 + len(configs) - len(b.get("runs", {})) for b in blocks)
+    swept = _read(cell.swept.folder / "sweep.json") or {}
+    return left + (3 - len(swept.get("runs", {})) if configs == BLOCKS["default"] else 0)
 
 
 def _complete(cell: Cell, seed: int, configs: tuple[str, ...]) -> bool:
@@ -229,9 +332,14 @@ def _complete(cell: Cell, seed: int, configs: tuple[str, ...]) -> bool:
 
 # -- the report: per grid, a table of every cell and a plot of the gain against the grid's axis ---------------------
 AXES = {"backward": "backward passes", "cpu_s": "CPU time"}
+GPU_AXES = {"backward": "backward passes", "wall_s": "wall time"}  # one process alone on the device: wall time
 
 
-def seed_figures(done: dict[str, Any], config: str) -> dict[str, Any]:
+def axes_of(cell: Cell) -> dict[str, str]:
+    return AXES if cell.on_cpu_grid else GPU_AXES
+
+
+def seed_figures(done: dict[str, Any], config: str, axes: dict[str, str] = AXES) -> dict[str, Any]:
     """One block's figures for ``config`` against its plain: per axis plain's time to plain's final loss over the
     configuration's (``None`` where it never got there, or where plain's curve turned up at its end: no target),
     the loss at plain's last step over plain's, and the jumps."""
@@ -239,7 +347,7 @@ def seed_figures(done: dict[str, Any], config: str) -> dict[str, Any]:
     theirs = record_from(other)
     target, overfit = plain.curve.losses[-1], overfits(plain.curve.losses)
     out: dict[str, Any] = {"overfit": overfit}
-    for axis in AXES:
+    for axis in axes:
         mine = time_to_target(plain.curve.axis(axis), plain.curve.losses, target)
         them = time_to_target(theirs.curve.axis(axis), theirs.curve.losses, target)
         out[axis] = mine / them if mine and them and not overfit else None
@@ -251,14 +359,17 @@ def seed_figures(done: dict[str, Any], config: str) -> dict[str, Any]:
 
 def cell_figures(cell: Cell) -> dict[str, Any] | None:
     """Everything the report says of a cell, from its files; ``None`` before its sweep has begun."""
-    sweep_file = _read(OUT / cell.name / "sweep.json")
+    sweep_file = _read(cell.swept.folder / "sweep.json")
     if sweep_file is None:
         return None
-    blocks = {
-        name: [b for seed in range(SEEDS) if (b := _read(block_path(cell, seed, configs))) and "plain" in b["runs"]]
-        for name, configs in BLOCKS.items()
+    read = {
+        name: [_read(block_path(cell, seed, configs)) for seed in range(cell.seeds)] for name, configs in BLOCKS.items()
     }
-    figures = {c: [seed_figures(b, c) for b in blocks[n] if c in b["runs"]] for n, cs in BLOCKS.items() for c in cs}
+    blocks = {name: [b for b in found if b and "plain" in b["runs"]] for name, found in read.items()}
+    axes = axes_of(cell)
+    figures = {
+        c: [seed_figures(b, c, axes) for b in blocks[n] if c in b["runs"]] for n, cs in BLOCKS.items() for c in cs
+    }
     plains = [record_from(b["runs"]["plain"]).curve for b in blocks["default"]]
     lowest = [c.points[min(range(len(c.losses)), key=c.losses.__getitem__)].step for c in plains]
     sweep_losses = {float(lr): r["points"][-1]["val_loss"] for lr, r in sweep_file["runs"].items()}
@@ -285,7 +396,8 @@ def cells_table(cells: list[Cell]) -> str:
     control's (medians, ranges over seeds, each against the plain run of its own block), the loss at plain's last
     step over plain's (the control's beside, as its noise floor), and the default's jumps in each seed."""
     shown = ("default", *(c for c in BLOCKS if c.startswith("gpa")), "nudged")
-    heads = [f"{label}: {'nudged plain' if c == 'nudged' else c}" for label in AXES.values() for c in shown]
+    axes = axes_of(cells[0]) if cells else AXES
+    heads = [f"{label}: {'nudged plain' if c == 'nudged' else c}" for label in axes.values() for c in shown]
     heads += ["loss at equal steps: default", *shown[1:-1], "nudged plain", "the default's jumps kept of made (undone)"]
     lines = ["| cell | parameters | tokens a parameter | steps | rate | seeds | " + " | ".join(heads) + " |"]
     lines.append("|---" * (6 + len(heads)) + "|")
@@ -296,7 +408,7 @@ def cells_table(cells: list[Cell]) -> str:
             lines.append(head + " not run yet |" + " |" * len(heads) + " |")
             continue
         over = sum(s["overfit"] for s in f["default"])
-        gains = [_cell([s[a] for s in f[c]]) for a in AXES for c in shown]
+        gains = [_cell([s[a] for s in f[c]]) for a in axes for c in shown]
         losses = [_cell([s["loss"] for s in f[c]], ".3f", "") for c in shown]
         jumps = "; ".join(f"{s['kept']} of {s['made']} ({s['undone']})" for s in f["default"])
         seeds = f"{len(f['default'])}" + (f" (plain overfits in {over})" if over else "")

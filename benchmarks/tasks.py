@@ -93,6 +93,12 @@ TASKS = {
     "char_gpt_scale": Task(
         "char_gpt", {"quick": Length(20, 10, 2)}, ("data.max_bytes=30000000", "data.include_tests=true"), passes=1
     ),
+    # The GPU grid's (benchmarks/scale.py, GPU_GRID): the same corpus, which most of its cells read more than once,
+    # declared here (up to, with the hybrid budget): 17M at 6 tokens a parameter 5.6 passes, 43M at 1.5 3.6, 17M at
+    # 1.5 1.4, 3.3M at 6 1.1; 3.3M at 1.5, the CPU grid's cell, 0.28
+    "char_gpt_scale_gpu": Task(
+        "char_gpt", {"quick": Length(20, 10, 2)}, ("data.max_bytes=30000000", "data.include_tests=true"), passes=6
+    ),
     # GPT-2 small's shape (12 layers, 768 wide, 12 heads, sequence 256) over bytes: 85M parameters, GPT-2's
     # 124M less its 50,257-token embedding, on 16 MB of the standard library with its tests (14.4 MB to train on:
     # its longest run, 1,500 batches of 8,192 bytes, reads 12.3 MB), so no run reads a byte twice. For a GPU: add
@@ -114,9 +120,10 @@ def length_of(task: str, name: str, steps: int | None = None) -> Length:
     return Length(steps, max(1, steps // 20), spec.val_batches, f"{steps}steps")
 
 
-def data_passes(task: str, steps: int) -> float:
-    """The passes over ``task``'s training data that ``steps`` batches make (its DataModule built and set up)."""
-    cfg = compose_run(task, "quick", 0, [], tempfile.gettempdir())
+def data_passes(task: str, steps: int, overrides: Sequence[str] = ()) -> float:
+    """The passes over ``task``'s training data that ``steps`` batches make (its DataModule built and set up, with
+    ``overrides``: a batch of another size, say)."""
+    cfg = compose_run(task, "quick", 0, overrides, tempfile.gettempdir())
     return steps / _batches_per_pass(OmegaConf.to_yaml(cfg.data, resolve=True))
 
 

@@ -66,6 +66,11 @@ def test_no_benchmark_reads_its_data_more_often_than_its_task_declares(task):
     from benchmarks.tasks import data_passes
 
     passes = {name: data_passes(task, steps) for name, steps in _every_run(task).items()}
+    if task == "char_gpt_scale_gpu":  # the GPU grid's cells, each on its batch
+        from benchmarks.scale import GPU_GRID, Cell
+
+        cells = [Cell(size, tokens, "gpu") for size, tokens in GPU_GRID]
+        passes = {c.name: data_passes(task, hybrid_steps(c.length), c.overrides) for c in cells}
     assert max(passes.values()) <= TASKS[task].passes, passes
     assert TASKS[task].passes < 2 * max(passes.values()), "the declaration is far above what the task reads"
     if task in ("char_gpt_gpt2", "char_gpt_scale"):

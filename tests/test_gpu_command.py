@@ -44,6 +44,18 @@ def test_the_dry_run_runs_every_part_and_a_second_call_resumes(tmp_path, monkeyp
     assert profiled["on_device"]["jump"]["calls"] >= 1 and profiled["on_device"]["tensors"] == 149  # the 85M's
     assert profiled["on_host"]["jump"]["ops"] > profiled["on_device"]["jump"]["ops"]  # the copies in and out
     assert profiled["on_device"]["busy"]["steps"] == 1 and profiled["on_device"]["busy"]["wall_s"] > 0
+    grid = json.loads((tmp_path / "grid.json").read_text())  # the GPU grid's code on one tiny cell, 2 seeds
+    assert grid["complete"] == ["dry_1.5tpp default+nudged"] and not grid["waiting"]
+    blocks = [
+        json.loads((tmp_path / "grid" / "dry_1.5tpp" / f"seed{s}_default_nudged.json").read_text()) for s in (0, 1)
+    ]
+    assert [list(b["runs"]) for b in blocks] == [["plain", "default", "nudged"], ["default", "nudged", "plain"]]
+    assert all(r["process"] == blocks[0]["process"] for b in blocks for r in b["runs"].values())  # one process
+    assert (
+        "| dry_1.5tpp |" in grid["table"]
+        and "wall time: default" in grid["table"]
+        and "## The grid" in readme_of(tmp_path)
+    )
     record = json.loads((tmp_path / "quality.json").read_text())
     for run in record["runs"].values():  # where and when each ran: "paired in one process" checkable from the file
         assert set(run["process"]) == {"host", "pid", "started"} and run["started"] <= run["finished"]
@@ -76,7 +88,7 @@ def test_the_dry_run_runs_every_part_and_a_second_call_resumes(tmp_path, monkeyp
     assert all("train_loss" in p for p in run["points"])
     readme = (tmp_path / "README.md").read_text()
     assert "## Quality" in readme and "## Sweep" in readme and "## Profile" in readme
-    assert gpu.plan(done) == []  # nothing left
+    assert gpu.plan(done, dry_grid=tmp_path / "grid") == []  # nothing left
     stamps = {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("*.json")}
     again = gpu.run([*gpu.PARTS, *gpu.MECHANICS], tmp_path, budget_min=5, dry=True)
     assert {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("*.json")} == stamps  # nothing re-run
@@ -133,22 +145,34 @@ def test_the_best_rate_is_the_lowest_final_loss_of_a_curve_that_does_not_turn_up
     assert gpu.best_rate(_sweep_runs(memorising)) == high
 
 
-def test_the_plan_is_printed_first_and_each_call_takes_what_fits_its_budget(capsys, monkeypatch):
-    """The decisive figure first: the first call (``BUDGET_MIN``, at most 6.5 minutes) runs plain's sweep, the default
-    against plain at its best rate and the profile, or primal averaging's arm where it is on; the second (5 minutes)
-    the default at a third of the best rate and the overheads; ``main`` prints the plan first."""
-    rows = gpu.plan(gpa=False)
+def test_the_plan_is_printed_first_and_each_call_takes_what_fits_its_budget(capsys, monkeypatch, tmp_path):
+    """The grid first, its decisive cells first (the sizes at 1.5 tokens a parameter, then the longer cells, then
+    primal averaging at each size's longest), each estimated from its steps; then the 85M's parts in their order:
+    the first call (``BUDGET_MIN``, at most 6.5 minutes) of the 85M plan runs plain's sweep, the default against
+    plain at its best rate and the profile, or primal averaging's arm where it is on; the second (5 minutes) the
+    default at a third of the best rate and the overheads; ``main`` prints the plan first."""
+    from benchmarks import scale
+
+    monkeypatch.setattr(scale, "GPU_OUT", tmp_path)  # no grid run in yet
+    grid = [(what, minutes) for part, what, minutes in gpu.plan(gpa=False) if part == "grid"]
+    cells = ["3.3M_1.5tpp", "17M_1.5tpp", "43M_1.5tpp", "3.3M_6tpp", "17M_6tpp", "3.3M_6tpp", "17M_6tpp", "43M_1.5tpp"]
+    assert [what.split(" ")[0] for what, _ in grid] == cells and "gpa" in grid[-1][0]
+    first = gpu.this_call([("grid", *row) for row in grid], gpu.BUDGET_MIN, dry=False)
+    assert first and sum(minutes for *_, minutes in first) <= gpu.BUDGET_MIN  # the 3.3M cell, then what fits
+    assert [p for p, _, _ in gpu.plan(gpa=False) if p != "grid"][-2:] == ["overheads", "overheads_adamw"]
+    assert set(gpu.NEXT) == {"grid", "profile", "overheads_adamw"}  # what the 2026-11-28 run left
+    rows = [row for row in gpu.plan(gpa=False) if row[0] != "grid"]
     assert [part for part, _, _ in rows] == ["sweep", "quality", "profile", "quality", "overheads", "overheads_adamw"]
     first = gpu.this_call(rows, gpu.BUDGET_MIN, dry=False)
     assert [part for part, _, _ in first] == ["sweep", "quality", "profile"]
     assert sum(minutes for *_, minutes in first) <= gpu.BUDGET_MIN <= 6.5
-    with_gpa = gpu.this_call(gpu.plan(gpa=True), gpu.BUDGET_MIN, dry=False)
+    with_gpa = gpu.this_call([r for r in gpu.plan(gpa=True) if r[0] != "grid"], gpu.BUDGET_MIN, dry=False)
     assert [part for part, _, _ in with_gpa] == ["sweep", "quality", "quality_gpa"]  # the profile waits
     swept = _sweep_runs({lr: [3.0, 2.0 - lr] for lr in gpu.SWEEP_RATES})
     best = max(gpu.SWEEP_RATES)
     runs = {gpu._key(best, s, c): {} for s in range(gpu.QUALITY_SEEDS) for c in ("plain", "default")} | swept
     done = {"profile": {"result": {"on_device": {}}}, "quality": {"runs": runs}}
-    second = gpu.this_call(gpu.plan(done, gpa=False), 5, dry=False)
+    second = gpu.this_call([r for r in gpu.plan(done, gpa=False) if r[0] != "grid"], 5, dry=False)
     assert [what for _, what, _ in second] == [
         f"85M at {best / 3:.3g}, a third of {best:.3g}: plain and the default, 3 seeds",
         gpu.OVERHEAD_WHAT["85M"],

@@ -112,12 +112,14 @@ def test_no_import_circle(root):
 
 
 def test_no_benchmark_driver_imports_another():
-    """The drivers share the harness's core (and the task, curve, report and peer modules), never each other."""
+    """The drivers share the harness's core (and the task, curve, report and peer modules), never each other, but
+    for the GPU command's grid, which runs the scale grid's GPU cells."""
     drivers = {"benchmarks.run", "benchmarks.lrs", "benchmarks.overheads", "benchmarks.gpu", "benchmarks.long_run"}
     drivers |= {"benchmarks.host_work", "benchmarks.checkpoint_size", "benchmarks.scale"}
     edges = graph(PACKAGE.parent / "benchmarks")
     assert drivers <= set(edges), drivers - set(edges)
     crossing = [f"{d} imports {i}" for d in drivers for i in edges[d] if i in drivers]
+    crossing.remove("benchmarks.gpu imports benchmarks.scale")
     assert not crossing, crossing
     assert not list((PACKAGE.parent / "benchmarks" / "results").rglob("*.py"))  # results hold no code
 
