@@ -22,6 +22,7 @@ def test_the_dry_run_runs_every_part_and_a_second_call_resumes(tmp_path, monkeyp
     monkeypatch.setattr(gpu, "JUMPING", short)  # the profile's alone: the overheads' modes keep theirs
     monkeypatch.setattr(gpu, "BUSY_START", 14)
     monkeypatch.setattr(gpu, "BUSY_STEPS", 1)
+    monkeypatch.setattr(gpu, "QUALITY_SEEDS", 2)  # an even seed and an odd: both places of plain rehearsed
     done = gpu.run([*gpu.PARTS, *gpu.MECHANICS], tmp_path, budget_min=5, dry=True)
     mechanics = json.loads((tmp_path / "mechanics.json").read_text())
     for part, (_, _, cpu_reason) in gpu.MECHANICS.items():
@@ -63,15 +64,16 @@ def test_the_dry_run_runs_every_part_and_a_second_call_resumes(tmp_path, monkeyp
     assert set(record["sweep"]) == {f"{lr:.3g}" for lr in gpu.SWEEP_RATES}
     best = record["best_lr"]
     assert record["sweep"][f"{best:.3g}"]["final"] == min(row["final"] for row in record["sweep"].values())
-    # the sweep's runs, then both rates x 3 seeds x (plain, the default), plain's seed 0 at the best rate shared, and
+    # the sweep's runs, then both rates x 2 seeds x (plain, the default), plain's seed 0 at the best rate shared, and
     # primal averaging's arm at the best rate against the same plain runs (rehearsed, whether GPA_ARM is on or not)
-    assert len(record["runs"]) == len(gpu.SWEEP_RATES) + len(gpu.QUALITY_RATES) * gpu.QUALITY_SEEDS * 2 - 1 + 3
+    assert len(record["runs"]) == len(gpu.SWEEP_RATES) + len(gpu.QUALITY_RATES) * 2 * 2 - 1 + 2
     assert set(record["comparisons"]) == {f"lr{best * f:.3g}" for f in gpu.QUALITY_RATES} | {f"lr{best:.3g}_gpa"}
     assert all(None not in row["loss_equal_steps"] for row in record["comparisons"].values())
     assert record["comparisons"][f"lr{best:.3g}_gpa"]["arm"] == "gpa" and f"{best:.3g} | gpa |" in readme_of(tmp_path)
     order = list(record["runs"])  # as run: plain first in even seeds, last in odd (the process's warm-up shared)
     assert order.index(gpu._key(best, 1, "default")) < order.index(gpu._key(best, 1, "plain"))
-    assert order.index(gpu._key(best, 2, "plain")) < order.index(gpu._key(best, 2, "default"))
+    third = best * gpu.QUALITY_RATES[1]  # seed 0's plain at the best rate is the sweep's: at a third, it runs first
+    assert order.index(gpu._key(third, 0, "plain")) < order.index(gpu._key(third, 0, "default"))
     for key, row in record["comparisons"].items():  # each seed's jumps, as its run counted them
         lr = float(key.split("_")[0][2:])
         for seed, jumps in enumerate(row["jumps"]):
