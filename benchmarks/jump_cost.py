@@ -16,7 +16,9 @@ per jump, medians over the run:
 
 from __future__ import annotations
 
+import json
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -27,7 +29,9 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
+from benchmarks.harness import RESULTS, gpt_config, machine, write_atomic
 from benchmarks.tasks import GPT2_SHAPE
 from lightning_hybrid.engine.families.jumps import OuterJumps
 from lightning_hybrid.runner import build_run
@@ -40,11 +44,13 @@ TIMED = {"cycle_end": "cycle_end", "jump": "_jump"}  # what is reported -> Outer
 
 
 class Count(TorchDispatchMode):
-    """Counts the operations dispatched, the ``_foreach_`` ones and the reads to the host among them."""
+    """Counts the operations dispatched, the ``_foreach_`` ones and the reads to the host among them, and the bytes
+    they move: each operation reads its tensor arguments once and writes its results, or the argument it updates in
+    place, once (a copy's target counts as read too: a bound, not an exact figure)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.ops = self.foreach = self.reads = 0
+        self.ops = self.foreach = self.reads = self.bytes = 0
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         self.ops += 1
@@ -52,7 +58,15 @@ class Count(TorchDispatchMode):
         self.foreach += name.startswith("_foreach_")
         to_host = name.startswith(("_to_copy", "copy_")) and _to_host(func, args, kwargs or {})
         self.reads += name.startswith("_local_scalar_dense") or to_host
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        in_place = name.split(".")[0].endswith("_")
+        written = args[0] if out is None and in_place else out  # in-place foreach ops return nothing
+        self.bytes += _bytes((args, kwargs)) + _bytes(written)
+        return out
+
+
+def _bytes(tree: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in tree_leaves(tree) if isinstance(t, torch.Tensor))
 
 
 def _to_host(func: Any, args: Any, kwargs: dict[str, Any]) -> bool:
@@ -90,7 +104,8 @@ def timed_jumps(counting: bool) -> Iterator[dict[str, list[dict[str, float]]]]:
                 count = Count()
                 with count, _counting_tolist(count):
                     out = fn(self, *args)
-                seen[name].append({"ops": count.ops, "foreach_ops": count.foreach, "host_reads": count.reads})
+                counted = {"ops": count.ops, "foreach_ops": count.foreach, "host_reads": count.reads}
+                seen[name].append(counted | {"bytes": count.bytes})
                 return out
             cuda = self.engine.store.params[0].is_cuda
             _synchronize(cuda)
@@ -179,5 +194,32 @@ def measure(cfg: Any, busy: BusyWindow | None = None, timed: bool = True) -> dic
                 figures[key] = statistics.median(c[key] for c in calls)
             if not counting and calls:
                 figures["ms_max"] = max(c["ms"] for c in calls)
-    out["tensors"] = sum(1 for p in model.parameters() if p.requires_grad)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    out["tensors"], out["parameter_bytes"] = len(trained), sum(p.numel() * p.element_size() for p in trained)
+    for name in TIMED:
+        if "bytes" in out[name]:  # in copies of the parameters, against the floor a cycle end and its jump need
+            out[name]["parameter_copies"] = out[name]["bytes"] / out["parameter_bytes"]
     return out | ({"busy": busy.result} if busy else {})
+
+
+# What a cycle's end and its jump must move at least, in parameter copies: read the weights, the anchor and the
+# momentum once, write the weights, the momentum, the anchor and the jump kept for an undo once.
+FLOOR_COPIES = 7
+BYTES_OUT = RESULTS / "jump_cost" / "bytes.json"
+
+
+def main() -> None:
+    """The bytes a cycle's end and a jump move, counted on the CPU on the char GPT at 3.3M (4 layers, 256 wide), the
+    default jumping every 20 steps: ``benchmarks/results/jump_cost/bytes.json``."""
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as workdir:
+        cfg = gpt_config("1M", 62, workdir, ["model.n_layer=4", "model.n_embd=256", "model.n_head=8", *JUMPING])
+        counted = measure(cfg, timed=False)
+    copies = counted["cycle_end"]["parameter_copies"] + counted["jump"]["parameter_copies"]
+    result = counted | {"floor_copies": FLOOR_COPIES, "over_floor": copies / FLOOR_COPIES, "machine": machine()}
+    write_atomic(BYTES_OUT, json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

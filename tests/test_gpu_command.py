@@ -43,6 +43,7 @@ def test_the_dry_run_runs_every_part_and_a_second_call_resumes(tmp_path, monkeyp
         assert kept["default_aside"] == [{"jumps": 0, "blind": 1}] and kept["default_jumping"][0]["jumps"] >= 1
     profiled = json.loads((tmp_path / "profile.json").read_text())["result"]
     assert profiled["on_device"]["jump"]["calls"] >= 1 and profiled["on_device"]["tensors"] == 149  # the 85M's
+    assert profiled["on_device"]["jump"]["parameter_copies"] >= 3  # the weights, the anchor, the momentum at least
     assert profiled["on_host"]["jump"]["ops"] > profiled["on_device"]["jump"]["ops"]  # the copies in and out
     assert profiled["on_device"]["busy"]["steps"] == 1 and profiled["on_device"]["busy"]["wall_s"] > 0
     grid = json.loads((tmp_path / "grid.json").read_text())  # the GPU grid's code on one tiny cell, 2 seeds
@@ -246,3 +247,16 @@ def test_the_stored_comparisons_are_what_the_runs_give():
             assert record["comparisons"] == gpu.comparisons(record["runs"], record["best_lr"]), path.parent.name
             checked += 1
     assert checked
+
+
+def test_the_bytes_an_operation_moves_are_its_arguments_read_and_its_result_written():
+    """The count behind a jump's bytes: an in-place ``_foreach_`` op (which returns nothing) writes what it updates."""
+    import torch
+
+    from benchmarks.jump_cost import Count
+
+    a, b = [torch.ones(3), torch.ones(5)], [torch.ones(3), torch.ones(5)]
+    with Count() as count:
+        torch._foreach_add_(a, b)  # reads a and b, writes a: three lists of 8 floats
+        norms = torch._foreach_norm(a)  # reads a, writes two scalars
+    assert count.bytes == 3 * 8 * 4 + 8 * 4 + 2 * 4 and len(norms) == 2
