@@ -150,6 +150,18 @@ def test_the_times_and_sizes_the_readme_quotes_are_the_footprints_files():
     assert f"{pending:.1f} MB against plain's {sizes['plain, after fit']:.1f}" in readme
 
 
+def test_the_readmes_memory_figures_are_their_files():
+    """The README's prose outside the regions quotes two measured figures besides the footprint's: the state held on
+    the host (copies above plain on an H100) and the default's copies on the device, each from its file."""
+    from benchmarks.harness import RESULTS
+
+    run = json.loads((RESULTS / "gpu" / "2026-11-26-h100-2" / "mechanics.json").read_text())["outer_memory"]
+    readme = README.read_text()
+    on_host = run["state_on_host"]["copies_above_plain"]
+    assert f"({on_host:.2f} copies on an H100's device:\n  `gpu/2026-11-26-h100-2`)" in readme
+    assert round(run["outer_norm_restart"]["copies_above_plain"]) == 3 and "(3 parameter copies;" in readme
+
+
 def test_a_timed_command_is_kept_with_where_and_when_it_ran(tmp_path):
     from benchmarks import footprint
 
