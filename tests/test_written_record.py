@@ -162,6 +162,18 @@ def test_the_readmes_memory_figures_are_their_files():
     assert round(run["outer_norm_restart"]["copies_above_plain"]) == 3 and "(3 parameter copies;" in readme
 
 
+def test_the_records_prose_on_the_gpu_runs_data_is_its_files():
+    """The performance record's prose on the 85M run's data: its tokens and the share of a pass, from every run."""
+    from benchmarks.harness import RESULTS
+
+    runs = json.loads((RESULTS / "gpu" / "2026-11-28" / "quality.json").read_text())["runs"].values()
+    data = {(r["data"]["train_tokens"], round(r["data"]["passes"], 2)) for r in runs}
+    assert len(data) == 1, data  # every run read the same text, as far
+    tokens, passes = data.pop()
+    prose = " ".join(PERFORMANCE.read_text().split())
+    assert f"on {tokens / 1e6:.1f}M tokens of text, {passes:.2f} of a pass" in prose
+
+
 def test_a_timed_command_is_kept_with_where_and_when_it_ran(tmp_path):
     from benchmarks import footprint
 
