@@ -40,7 +40,11 @@ def timed(command: list[str], cwd: Path | None = None) -> dict[str, Any]:
 
 
 def _commit(cwd: Path | None) -> str | None:
-    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=cwd, capture_output=True, text=True)
+    """The checkout's commit, or ``None`` outside one (or without git)."""
+    try:
+        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=cwd, capture_output=True, text=True)
+    except OSError:
+        return None
     return done.stdout.strip() or None
 
 
