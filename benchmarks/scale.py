@@ -16,6 +16,9 @@ the control may train 1.5x plain's steps to reach its final loss. Primal averagi
 own, plain then ``gpa``, each compared with its own block's plain. A block's file is rewritten as each of its runs
 ends; a block another process left unfinished is run again whole, so that every figure compares runs of one process
 on one host.
+
+The GPU grid (``GPU_GRID``, run by ``python -m benchmarks.gpu``'s ``grid`` part) takes the same cells to a GPU:
+``Cell(size, tokens, "gpu")`` (see ``GPU_SIZES`` and the constants beside it), its results in ``results/scale_gpu``.
 """
 
 from __future__ import annotations
