@@ -78,6 +78,13 @@ def overfits(losses: Sequence[float]) -> bool:
     return rise_at_end(losses) > RISE_TOLERANCE
 
 
+def lowest_in_last_tenth(losses: Sequence[float]) -> bool:
+    """Whether a curve is lowest in its last tenth (a non-finite loss counts as the highest): a rate whose curve is
+    lowest earlier gives no time to its final loss, so a sweep prefers the others."""
+    lowest = min(range(len(losses)), key=lambda i: losses[i] if losses[i] == losses[i] else float("inf"))
+    return lowest >= 0.9 * (len(losses) - 1)
+
+
 def time_to_target(xs: Sequence[float], losses: Sequence[float], target: float) -> float | None:
     """The first ``x`` at which the loss is at or below ``target``, interpolating linearly between evaluations;
     ``None`` if it never gets there. A first evaluation already at the target counts at its own ``x``."""

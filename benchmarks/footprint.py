@@ -16,11 +16,10 @@ import resource
 import shlex
 import subprocess
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import RESULTS, write_atomic
+from benchmarks.harness import RESULTS, now, write_atomic
 
 TIMES = RESULTS / "footprint" / "times.json"
 WHAT = {  # the name of each timed command, as the table says it
@@ -55,7 +54,7 @@ def measure(name: str, command: list[str], path: Path = TIMES, cwd: Path | None 
     result = timed(command, cwd)
     result |= {
         "command": shlex.join(command),
-        "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "measured": now(),
         "host": platform.node(),
         "cores": os.cpu_count(),
         "commit": _commit(cwd),

@@ -229,8 +229,8 @@ def grid_run_minutes(cell: scale.Cell) -> float:
 def grid(call: Call) -> dict[str, Any]:
     """The grid's blocks in order while they fit the call (``scale.run_cell`` asks before the sweep and each
     block); what is complete and what waits for the next call. Each run is written to its block's file as it ends."""
-    done, waiting = [], []
-    for cell, configs in grid_cells(call.out / "grid" if call.dry else None):
+    done, waiting, blocks = [], [], grid_cells(call.out / "grid" if call.dry else None)
+    for cell, configs in blocks:
         minutes = grid_run_minutes(cell)
         fits = scale.run_cell(
             cell,
@@ -240,7 +240,7 @@ def grid(call: Call) -> dict[str, Any]:
             room=lambda runs, minutes=minutes: call.dry or runs * minutes * 60 < call.left(),
         )
         (done if fits else waiting).append(f"{cell.name} {'+'.join(configs)}")
-    cells = list(dict.fromkeys(cell for cell, _ in grid_cells(call.out / "grid" if call.dry else None)))
+    cells = list(dict.fromkeys(cell for cell, _ in blocks))
     return {"complete": done, "waiting": waiting, "table": scale.cells_table(cells)}
 
 

@@ -111,7 +111,7 @@ def _own_lr(task: str) -> float:
 
 def _run(task: str, lr: float, seed: int, config: str, workdir: str, baseline: Record | None) -> Record:
     """One run, or its result file if it exists (``baseline``: the seed's plain run, for the budget and stop)."""
-    path, started = _path(task, lr, seed, config), now()
+    path = _path(task, lr, seed, config)
     if path.exists():
         return record_from(json.loads(path.read_text()))
     spec = length_of(LR_TASKS[task].task, "default", LR_TASKS[task].steps)
@@ -122,6 +122,7 @@ def _run(task: str, lr: float, seed: int, config: str, workdir: str, baseline: R
         with open_dict(cfg):
             cfg.trainer.max_steps = trainer_steps(LR_TASKS[task].task, hybrid_steps(spec))
         stop = baseline_target(baseline, spec)
+    started = now()
     record = fit(cfg, hybrid=config in HYBRID, stop=stop, callbacks=peers)
     meta = {
         "task": task,

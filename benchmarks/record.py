@@ -52,10 +52,6 @@ def _verdict_words(cell: scale.Cell) -> str:
     }[side]
 
 
-def _size_name(cell: scale.Cell) -> str:
-    return f"{cell.params / 1e6:.2g}M"
-
-
 def scale_status() -> str:
     """The README's status in the grid's figures, its terms defined first: medians over seeds (the table gives the
     ranges) at the longest run and the largest model, plain nudged beside each, and what each says."""
@@ -63,7 +59,7 @@ def scale_status() -> str:
     sizes = [scale.Cell(size, scale.SHARED_LENGTH) for size in scale.SIZES]
     longest = max((scale.Cell(*c) for c in scale.GRIDS["length"]), key=lambda c: c.tokens_per_param)
     for cell in (longest, _measured(sizes) or sizes[-1]):
-        where = f"at {cell.tokens_per_param:g} tokens a parameter ({_size_name(cell)}"
+        where = f"at {cell.tokens_per_param:g} tokens a parameter ({cell.size}"
         seeds = len((scale.cell_figures(cell) or {}).get("default", []))
         if not seeds:
             said.append(f"{where}), not measured yet")
@@ -317,7 +313,7 @@ def _large_model(cell: scale.Cell | None) -> str:
     verdict = {SIDES[0]: "beyond", SIDES[1]: "inside", SIDES[2]: "below"}[found[0] if found else SIDES[1]]
     gain = {"beyond": "a gain chaos alone did not give", "inside": "no gain is measured there", "below": "a loss"}
     return (
-        f"At {_size_name(cell)} ({cell.tokens_per_param:g} tokens a parameter) its "
+        f"At {cell.size} ({cell.tokens_per_param:g} tokens a parameter) its "
         f"{_median(cell, 'backward', 'default', '.2f', 'x')} lies {verdict} plain nudged's range (plain with its "
         f"learning rate 1.001x, what chaos alone gives{spread}): {gain[verdict]}."
     )
@@ -342,7 +338,7 @@ def readme_opening() -> str:
     text = (
         "**What to expect.** On a CPU the default rule (`outer`, below) reached plain Lightning's final validation "
         "loss with "
-        f"{_median(longest, 'backward', 'default', '.2f', 'x')} fewer backward passes on a {_size_name(longest)}-"
+        f"{_median(longest, 'backward', 'default', '.2f', 'x')} fewer backward passes on a {longest.size}-"
         f"parameter char GPT trained on {longest.tokens_per_param:g} tokens a parameter (training tokens over "
         f"parameters). {_large_model(_measured([scale.Cell(s, scale.SHARED_LENGTH) for s in scale.SIZES]))} On one "
         f"H200 at 85M it took {median_over_seeds(at_best['backward_speedups']):.2f}x fewer in a run of only "

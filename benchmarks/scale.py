@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from omegaconf import open_dict
 
-from benchmarks.curves import overfits, time_to_target
+from benchmarks.curves import lowest_in_last_tenth, overfits, time_to_target
 from benchmarks.harness import (
     PROCESS,
     RESULTS,
@@ -252,11 +252,6 @@ def tuned(runs: dict[str, Any], settled: bool = False) -> float:
     return min(finals, key=lambda lr: finals[lr] if finals[lr] == finals[lr] else float("inf"))
 
 
-def lowest_in_last_tenth(losses: list[float]) -> bool:
-    lowest = min(range(len(losses)), key=lambda i: losses[i] if losses[i] == losses[i] else float("inf"))
-    return lowest >= 0.9 * (len(losses) - 1)
-
-
 def block_path(cell: Cell, seed: int, configs: tuple[str, ...] = BLOCKS["default"]) -> Path:
     return cell.folder / f"seed{seed}_{'_'.join(configs)}.json"
 
@@ -320,8 +315,8 @@ def run_cell(
 
 
 def runs_left(cell: Cell, configs: tuple[str, ...]) -> int:
-    """The runs that blocks of ``configs`` still need in ``cell`` over its seeds, with the sweep's where the
-    default's blocks would start it."""
+    """At most the runs that blocks of ``configs`` still need in ``cell`` over its seeds, with the sweep's where the
+    default's blocks would start it (seed 0's plain counted, though the sweep may give it)."""
     blocks = [_read(block_path(cell, seed, configs)) or {} for seed in range(cell.seeds)]
     left = sum(1 + len(configs) - len(b.get("runs", {})) for b in blocks)
     swept = _read(cell.swept.folder / "sweep.json") or {}

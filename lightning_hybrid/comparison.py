@@ -174,6 +174,12 @@ def comparison_table(plain: RunResult, hybrid: RunResult) -> str:
     excluded (``RunMeter``), as wall and as this process's CPU time; a whole fit's time that is the time to plain's
     loss (a run first there at its end) reads "as above"."""
     reached = [r.reached_plain_at or (None, None, None) for r in (plain, hybrid)]
+    at_end = [r.reached_plain_at is not None and r.reached_plain_at[0] == r.steps for r in (plain, hybrid)]
+
+    def whole(row: tuple) -> tuple:  # a run first at plain's loss at its end: its whole fit's time repeats that
+        label, p, h, against = row
+        return label, "as above" if at_end[0] else p, "as above" if at_end[1] else h, against
+
     rows = [
         _row("first at plain's final loss: step", reached[0][0], reached[1][0], "d", FEWER),
         _row("  its training time, wall (seconds)", reached[0][1], reached[1][1], ".2f", LESS),
@@ -185,15 +191,11 @@ def comparison_table(plain: RunResult, hybrid: RunResult) -> str:
             _loss_change(plain, hybrid) or "",
         ),
         ("whole fit: steps", str(plain.steps), str(hybrid.steps), ""),
-        _row("  training time, wall (seconds)", plain.train_seconds, hybrid.train_seconds, ".2f", LESS),
-        _row("  training time, CPU (seconds)", plain.train_cpu_seconds, hybrid.train_cpu_seconds, ".2f", LESS),
+        whole(_row("  training time, wall (seconds)", plain.train_seconds, hybrid.train_seconds, ".2f", LESS)),
+        whole(_row("  training time, CPU (seconds)", plain.train_cpu_seconds, hybrid.train_cpu_seconds, ".2f", LESS)),
         _row("  validation, wall (seconds)", plain.val_seconds, hybrid.val_seconds, ".2f", LESS),
         _row("  backward passes", plain.backward_passes, hybrid.backward_passes, "d", FEWER),
     ]
-    for column, result in ((1, plain), (2, hybrid)):  # first there at its end: the whole fit's times repeat it
-        if result.reached_plain_at is not None and result.reached_plain_at[0] == result.steps:
-            for row in (5, 6):
-                rows[row] = tuple("as above" if i == column else cell for i, cell in enumerate(rows[row]))
     if hybrid.counts:
         names = ", ".join(name.replace("_", " ") for name in hybrid.counts)
         rows.append((names, "-", ", ".join(f"{v:g}" for v in hybrid.counts.values()), ""))

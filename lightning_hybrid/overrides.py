@@ -61,7 +61,7 @@ def misplaced(args: Sequence[str]) -> str | None:
         return None
     hybrid = setting_names(HybridSettings)
     predictor = sorted({n for schema in PREDICTOR_SETTINGS.values() for n in setting_names(schema)})
-    own_trainer = any(o.key_or_group.lstrip("+") == "trainer._target_" for o in parsed)  # its own arguments
+    own_trainer = any(o.key_or_group == "trainer._target_" for o in parsed)  # a Trainer of the user's: its arguments
     chosen = next((o.value() for o in parsed if o.key_or_group == "predictor" and isinstance(o.value(), str)), None)
     for override in parsed:
         value, name = override.value(), override.key_or_group.lstrip("+")
@@ -73,12 +73,12 @@ def misplaced(args: Sequence[str]) -> str | None:
             listed = ", ".join(options)
             return f"`{name}={value}` is no config of the {name} group: one of {listed}{did_you_mean(value, options)}"
         group, _, key = name.partition(".")
-        trainer_key = group == "trainer" and key and "." not in key and not override.is_delete()
-        if trainer_key and not own_trainer and key not in TRAINER_ARGUMENTS:
+        if not key or "." in key or override.is_delete():
+            continue
+        if group == "trainer" and not own_trainer and key not in TRAINER_ARGUMENTS:
             closest = did_you_mean(key, TRAINER_ARGUMENTS, "trainer.")
             return f"`trainer.{key}` is no argument of Lightning's Trainer{closest}"
-        group, _, key = override.key_or_group.partition(".")
-        if group not in GROUPS or not key or "." in key or override.is_delete():
+        if group not in GROUPS:
             continue
         if group == "hybrid" and key not in hybrid:
             owners = _predictors_of(key)

@@ -73,6 +73,16 @@ class RunCounters:
         }
 
 
+@dataclass(frozen=True)
+class FitStart:
+    """The global step a fit began at, and its steps and step seconds by phase (then, or since)."""
+
+    global_step: int
+    steps_by_phase: dict[str, int]
+    time_by_phase_s: dict[str, float]
+    afresh: bool = False  # the plugin's counts begin here, at a resumed step (a checkpoint without its state)
+
+
 def counted(count: int, noun: str) -> str:
     """``1 jump``, ``2 jumps``."""
     return f"{count} {noun}{'' if count == 1 else 's'}"
@@ -88,10 +98,9 @@ def _by_phase(steps: dict[str, int]) -> str:
     )
 
 
-def format_summary(summary: dict[str, Any], mode_lines: list[str], fit: Any = None) -> str:
+def format_summary(summary: dict[str, Any], mode_lines: list[str], fit: FitStart | None = None) -> str:
     """A few lines for the end of ``fit``: the steps (from the start of training; where this fit resumed, also what
-    it ran: ``fit``, a :class:`~lightning_hybrid.engine.record.FitStart` of this fit's own; from the resumed step
-    where the checkpoint held no plugin state), what the mode did
+    ``fit`` ran; from the resumed step where the checkpoint held no plugin state), what the mode did
     (``mode_lines``), the guard, and the shares of this fit's step time by phase."""
     total = counted(summary["steps_total"], "step")
     head = f"hybrid ({summary['mode']}, {summary['predictor']}): {total}"

@@ -68,16 +68,17 @@ class LoadDuringHybrid(L.Callback):
     """Three busy loops beside the hybrid half of ``mode=compare`` only: a machine whose load changed between the
     two runs, as when another job starts."""
 
-    def on_train_start(self, trainer, pl_module):
+    def __init__(self) -> None:
         from contextlib import ExitStack
 
+        self.load = ExitStack()
+
+    def on_train_start(self, trainer, pl_module):
         from lightning_hybrid.callbacks import find_scheduler
         from tests.helpers import cpu_bound
 
-        self.load = ExitStack()
         if find_scheduler(trainer) is not None:
             self.load.enter_context(cpu_bound(3))
 
     def teardown(self, trainer, pl_module, stage):
-        if hasattr(self, "load"):
-            self.load.close()
+        self.load.close()

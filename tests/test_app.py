@@ -435,6 +435,8 @@ def test_a_misspelt_group_option_names_the_groups_options_and_yours_in_a_config_
     assert said.endswith("the hybrid group: one of aggressive, conservative, default; did you mean `aggressive`?")
     assert misplaced(["experiment=digits", "trainer.max_steps=5"]).endswith("did you mean `digits_cnn`?")
     assert misplaced(["predictor=mine"]) is not None
+    assert misplaced(["trainer.max_step=30"]).endswith("did you mean `trainer.max_steps`?")
+    assert misplaced(["trainer._target_=my_pkg.MyTrainer", "trainer.max_step=30"]) is None  # its own arguments
     (tmp_path / "predictor").mkdir()
     (tmp_path / "predictor" / "mine.yaml").write_text("_target_: my_pkg.Mine\n")
     assert misplaced(["--config-dir", str(tmp_path), "predictor=mine"]) is None

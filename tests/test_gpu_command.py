@@ -260,3 +260,17 @@ def test_the_bytes_an_operation_moves_are_its_arguments_read_and_its_result_writ
         torch._foreach_add_(a, b)  # reads a and b, writes a: three lists of 8 floats
         norms = torch._foreach_norm(a)  # reads a, writes two scalars
     assert count.bytes == 3 * 8 * 4 + 8 * 4 + 2 * 4 and len(norms) == 2
+
+
+def test_the_grid_takes_the_best_rate_among_curves_lowest_in_their_last_tenth():
+    """A curve lowest before its last tenth gives no time to its final loss: the GPU grid's sweep passes it over,
+    however low it ends, unless every curve is such."""
+    from benchmarks import scale
+
+    def curve(*losses):
+        return {"points": [{"val_loss": v} for v in losses]}
+
+    settled, early = curve(3.0, 2.0, 1.5, 1.40), curve(3.0, 1.0, 1.2, 1.35)
+    assert scale.tuned({"0.001": settled, "0.002": early}) == 0.002  # the CPU grid's rule: the lowest final loss
+    assert scale.tuned({"0.001": settled, "0.002": early}, settled=True) == 0.001
+    assert scale.tuned({"0.002": early, "0.004": curve(3.0, 1.1, 1.3, 1.5)}, settled=True) == 0.002

@@ -11,7 +11,7 @@ from typing import Any
 from torch import Tensor
 
 from lightning_hybrid.phase import Phase
-from lightning_hybrid.summary import RunCounters
+from lightning_hybrid.summary import FitStart, RunCounters
 
 
 @dataclass
@@ -37,16 +37,6 @@ class StepRecord:
     # a quiet step's reading: on the device, the guard's measurement and skip; read, [loss, grad_norm, nonfinite,
     # outlier]
     reading: tuple[Tensor, Tensor] | list[float] | None = None
-
-
-@dataclass(frozen=True)
-class FitStart:
-    """The global step a fit began at, and its steps and step seconds by phase (then, or since)."""
-
-    global_step: int
-    steps_by_phase: dict[str, int]
-    time_by_phase_s: dict[str, float]
-    afresh: bool = False  # the plugin's counts begin here, at a resumed step (a checkpoint without its state)
 
 
 @dataclass
