@@ -153,6 +153,13 @@ class CurveRecorder(Callback):
             self.curve.segments.append((self._segment_start, self._point(trainer)))
             self._segment_start = None
 
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """A segment still open when training stops (``stop``, ``max_steps``) ends with the run: every segment
+        started is recorded, wherever the run happened to stop."""
+        if self._segment_start is not None:
+            self.curve.segments.append((self._segment_start, self._point(trainer)))
+            self._segment_start = None
+
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking or self.monitor not in trainer.callback_metrics:
             return

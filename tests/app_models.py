@@ -65,8 +65,8 @@ class StopAt(L.Callback):
 
 
 class LoadDuringHybrid(L.Callback):
-    """Three busy loops beside the hybrid half of ``mode=compare`` only: a machine whose load changed between the
-    two runs, as when another job starts."""
+    """Three busy loops beside the hybrid half of ``mode=compare`` only, on the core that half runs on: a machine
+    whose load changed between the two runs, as when another job starts, on any count of cores."""
 
     def __init__(self) -> None:
         from contextlib import ExitStack
@@ -78,7 +78,7 @@ class LoadDuringHybrid(L.Callback):
         from tests.helpers import cpu_bound
 
         if find_scheduler(trainer) is not None:
-            self.load.enter_context(cpu_bound(3))
+            self.load.enter_context(cpu_bound(3, share_a_core=True))
 
     def teardown(self, trainer, pl_module, stage):
         self.load.close()

@@ -12,8 +12,8 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, suppress
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -537,18 +537,35 @@ SAME_RUN = {
 }
 
 
+def written(paths: Iterable[Path]) -> dict[Path, tuple[int, int]]:
+    """Each file's inode and modification time: a rewrite through ``write_atomic`` (a rename) gets a new inode,
+    however soon after the first write it comes, where a time alone may not tick on a fast machine."""
+    return {path: (path.stat().st_ino, path.stat().st_mtime_ns) for path in paths}
+
+
 def saved_checkpoints(out_dir: Path) -> list[Path]:
     """A `save` scenario's checkpoints, by step."""
     return sorted((out_dir / "ckpt").glob("*.ckpt"), key=lambda p: int(p.stem.split("=")[1]))
 
 
 @contextmanager
-def cpu_bound(processes: int = 2) -> Iterator[None]:
-    """``processes`` busy loops beside the test, as other jobs on a shared machine."""
+def cpu_bound(processes: int = 2, share_a_core: bool = False) -> Iterator[None]:
+    """``processes`` busy loops beside the test, as other jobs on a shared machine. With ``share_a_core``, the
+    loops and every thread of this process run on one core (Linux's affinity), so the load takes this process's
+    CPU time whatever the machine's core count: on a machine of many cores, free loops take none of it."""
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
+    threads = [int(t) for t in os.listdir("/proc/self/task")] if share_a_core else []
+    before = {t: os.sched_getaffinity(t) for t in threads}
     try:
+        if share_a_core:
+            core = {min(os.sched_getaffinity(0))}
+            for pid in [*threads, *(hog.pid for hog in hogs)]:
+                os.sched_setaffinity(pid, core)
         yield
     finally:
         for hog in hogs:
             hog.kill()
             hog.wait()
+        for thread, cores in before.items():
+            with suppress(ProcessLookupError):  # a thread that ended meanwhile
+                os.sched_setaffinity(thread, cores)

@@ -1,7 +1,6 @@
 """The benchmark harness: its arithmetic, and its quick mode end to end so it cannot rot."""
 
 import json
-import time
 from itertools import pairwise
 from pathlib import Path
 
@@ -304,24 +303,33 @@ def test_the_gpu_step_clock_synchronises_twice_a_run_not_every_step(monkeypatch)
     assert clock.steady_step() == 0.5 / 10  # two readings, 0.5 s apart, around the 10 steps after settling
 
 
-def test_own_time_counts_the_plugins_functions_and_not_lightnings_inside_them():
-    """A plugin function that calls back into Lightning: only its own part is the plugin's time."""
-    from benchmarks.host_work import OwnTime
+def test_own_time_counts_the_plugins_functions_and_not_lightnings_inside_them(monkeypatch):
+    """A plugin function that calls back into Lightning: only its own part is the plugin's time. The clock is the
+    test's own, advanced by each function, so what is counted does not move with the machine."""
+    from benchmarks import host_work
+
+    clock = [0]
+    monkeypatch.setattr(host_work.time, "perf_counter_ns", lambda: clock[0])
+
+    def spend(ns: int) -> None:
+        clock[0] += ns
 
     class Lightning:
         def step(self) -> None:
-            time.sleep(0.03)
+            spend(30)
 
     class Plugin:
         def hook(self, lightning: Lightning) -> None:
-            time.sleep(0.01)
+            spend(10)
             lightning.step()
+            spend(5)
 
     original = Plugin.hook
-    with OwnTime(plugin={Plugin: ("hook",)}, lightning={Lightning: ("step",)}) as own:
+    with host_work.OwnTime(plugin={Plugin: ("hook",)}, lightning={Lightning: ("step",)}) as own:
         Plugin().hook(Lightning())
         Lightning().step()  # outside the plugin: not counted
-    assert 0.01 <= own.plugin_ns / 1e9 < 0.025 and Plugin.hook is original  # restored
+        spend(100)  # between bracketed functions: nobody's
+    assert own.plugin_ns == 15 and Plugin.hook is original  # restored
 
 
 @pytest.mark.slow
@@ -338,7 +346,9 @@ def test_the_host_work_benchmark_reports_every_mode_against_plain_and_a_profile(
     assert result["profile"] and all(row["calls"] > 0 for row in result["profile"])
     assert set(result["counts"]) == set(host_work.MODES)
     assert all(c["python_calls"] > 0 and c["tensor_ops"] > 0 for c in result["counts"].values())  # the plugin's own
-    assert all(0 < c["own_us"]["median"] < result["plain_step_us"]["median"] for c in result["counts"].values())
+    # measured, each run: how it compares with a plain step is the benchmark's figure, not the test's (a wall clock
+    # inside the plugin against a plain step's CPU time would flip under load)
+    assert all(len(c["own_us"]["runs"]) == 3 and c["own_us"]["min"] > 0 for c in result["counts"].values())
     assert "| default_jumping |" in (tmp_path / "README.md").read_text()
 
 

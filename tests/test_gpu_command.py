@@ -9,6 +9,7 @@ import json
 import pytest
 
 from benchmarks import gpu
+from tests.helpers import written
 
 
 @pytest.mark.slow
@@ -92,9 +93,9 @@ def test_the_dry_run_runs_every_part_and_a_second_call_resumes(tmp_path, monkeyp
     readme = (tmp_path / "README.md").read_text()
     assert "## Quality" in readme and "## Sweep" in readme and "## Profile" in readme
     assert gpu.plan(done, dry_grid=tmp_path / "grid") == []  # nothing left
-    stamps = {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("*.json")}
+    stamps = written(tmp_path.glob("*.json"))
     again = gpu.run([*gpu.PARTS, *gpu.MECHANICS], tmp_path, budget_min=5, dry=True)
-    assert {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("*.json")} == stamps  # nothing re-run
+    assert written(tmp_path.glob("*.json")) == stamps  # nothing re-run
     assert again["quality"]["runs"] == done["quality"]["runs"]
 
 

@@ -14,6 +14,7 @@ from benchmarks import lrs
 from benchmarks.lrs import LrTask
 from benchmarks.report import median_over_seeds, seeds_cell
 from benchmarks.tasks import TASKS, Length
+from tests.helpers import written
 
 
 @pytest.fixture
@@ -44,9 +45,9 @@ def test_sweep_grid_and_report_on_a_tiny_task(tiny):
     assert sum(name.endswith(("_ema.json", "_schedulefree.json")) for name in files) == 4
     stamps = [json.loads(p.read_text()) for p in (tiny / "tiny").glob("*.json")]
     assert stamps and all({"finished", "started", "process"} <= set(s) for s in stamps)
-    stamp = {p: p.stat().st_mtime_ns for p in (tiny / "tiny").glob("*.json")}
+    stamp = written((tiny / "tiny").glob("*.json"))
     lrs.grid("tiny", ["outer_norm", "ema", "schedulefree"])  # nothing left to run: no file rewritten
-    assert {p: p.stat().st_mtime_ns for p in (tiny / "tiny").glob("*.json")} == stamp
+    assert written((tiny / "tiny").glob("*.json")) == stamp
     lrs.grid("tiny", ["nudged"])  # the control: plain, at 1.001x each rate
     for lr, _, _ in plan:
         nudged, plain = (json.loads(lrs._path("tiny", lr, 0, c).read_text()) for c in ("nudged", "plain"))

@@ -4,11 +4,12 @@ how quiet steps read at once come back in order."""
 from __future__ import annotations
 
 import math
-import time
+from types import SimpleNamespace
 
 import torch
 
 from lightning_hybrid.engine import Deferred, RunRecord, StepRecord
+from lightning_hybrid.engine import record as record_module
 from lightning_hybrid.engine.deferred import read_all
 from lightning_hybrid.phase import Phase
 from lightning_hybrid.summary import RunCounters
@@ -31,19 +32,23 @@ def test_every_step_logs_its_phase_and_loss_and_nan_where_it_has_none():
     assert unknown["hybrid/phase"] == 2.0 and math.isnan(unknown["hybrid/loss"])
 
 
-def test_the_record_round_trips_and_its_clock_goes_on_from_the_checkpoint():
+def test_the_record_round_trips_and_its_clock_goes_on_from_the_checkpoint(monkeypatch):
+    now = [100.0]  # the record's clock, the test's own: seconds pass when the test says
+    monkeypatch.setattr(record_module, "time", SimpleNamespace(perf_counter=lambda: now[0]))
     record = RunRecord()
     record.counters.rollbacks, record.counters.jumps_made = 2, 3
     record.add_error(0.5)
     record.start_clock()
-    time.sleep(0.01)
+    now[0] += 2.0
     state = record.state_dict()
     again = RunRecord()
     again.load_state_dict(state)
     assert again.counters == record.counters and again.errors == record.errors
-    assert again.wall_time() == state["wall_time_s"] >= 0.01  # stopped until training starts again
+    now[0] += 5.0
+    assert again.wall_time() == state["wall_time_s"] == 2.0  # stopped until training starts again
     again.start_clock()
-    assert again.wall_time() >= state["wall_time_s"]
+    now[0] += 0.5
+    assert again.wall_time() == 2.5
     assert again.mean_error() == 0.5
     assert again.summary((Phase.WARMUP, Phase.FULL))["steps_by_phase"] == {"warmup": 0, "full": 0}
 

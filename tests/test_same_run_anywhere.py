@@ -2,12 +2,16 @@
 so a run made beside CPU-bound processes, and a resume made under load, end bitwise as the run made on an idle
 machine, in the default rule and in the per-step mode with its horizon bandit."""
 
+import itertools
+from types import SimpleNamespace
+
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_hybrid import HorizonBandit, hybrid_callbacks
 from lightning_hybrid.algorithms import LinUCBHorizons
+from lightning_hybrid.engine import engine as engine_module
 from tests.helpers import (
     RESUME_SETTINGS,
     RULE,
@@ -71,11 +75,25 @@ def test_a_run_beside_cpu_bound_processes_and_a_resume_under_load_end_as_the_idl
     assert _same(idle, resumed), "a resume made under load ended elsewhere than the uninterrupted run"
 
 
-def test_charging_steps_their_seconds_is_asked_for_and_warned_about(tmp_path):
-    """``cost="wall"`` makes the bandit's regressions depend on the clock: two runs of the same seed learn different
-    rewards (this is what the test above would catch), and choosing it says so."""
+def _clock(monkeypatch, seconds_a_reading: float) -> None:
+    """The engine's clock, the test's own: each reading ``seconds_a_reading`` after the one before, so a step's
+    measured seconds are what the test chose, not what the machine took."""
+    readings = itertools.count()
+    monkeypatch.setattr(engine_module, "time", SimpleNamespace(perf_counter=lambda: next(readings) * seconds_a_reading))
+
+
+def test_charging_steps_their_seconds_is_asked_for_and_warned_about(tmp_path, monkeypatch):
+    """``cost="wall"`` makes the bandit's regressions depend on the clock: the same seed learns different rewards
+    when its steps take longer (what the test above would catch), and choosing it says so. ``cost="steps"`` does
+    not read the clock: the same two clocks give the same run."""
     assert LinUCBHorizons().cost == "steps"
-    with pytest.warns(UserWarning, match=r"cost='wall' charges each step its measured seconds.*depend on how busy"):
-        first = _fit("per-step", tmp_path / "a", cost="wall")
-    second = _fit("per-step", tmp_path / "b", cost="wall")
-    assert not _same(first, second)
+    runs = {}
+    for cost, seconds in itertools.product(("wall", "steps"), (0.001, 0.003)):
+        _clock(monkeypatch, seconds)
+        if cost == "wall" and seconds == 0.001:
+            with pytest.warns(UserWarning, match=r"cost='wall' charges each step its measured seconds.*depend on how"):
+                runs[cost, seconds] = _fit("per-step", tmp_path / f"{cost}-{seconds}", cost=cost)
+        else:
+            runs[cost, seconds] = _fit("per-step", tmp_path / f"{cost}-{seconds}", cost=cost)
+    assert not _same(runs["wall", 0.001], runs["wall", 0.003])
+    assert _same(runs["steps", 0.001], runs["steps", 0.003])

@@ -53,6 +53,9 @@ return cards;
 """
 
 
+PATIENCE_S = 180  # how long the server and the page may take on a loaded machine: a hang, not slowness, fails
+
+
 @contextlib.contextmanager
 def served(logdir: Path) -> Iterator[str]:
     """TensorBoard on a free loopback port, stopped on exit."""
@@ -71,14 +74,15 @@ def served(logdir: Path) -> Iterator[str]:
     server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(60):
+        deadline = time.monotonic() + PATIENCE_S
+        while True:
             try:
                 urllib.request.urlopen(f"{url}/data/plugins_listing", timeout=2)
                 break
             except OSError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"TensorBoard did not answer on 127.0.0.1 within {PATIENCE_S} s")
                 time.sleep(0.5)
-        else:
-            pytest.fail("TensorBoard did not answer on 127.0.0.1 within 30 s")
         yield url
     finally:
         server.terminate()
@@ -102,11 +106,17 @@ def rendered_cards(url: str, expected: int, screenshot: str | None = None) -> li
     browser = webdriver.Chrome(service=Service(DRIVER), options=options)
     try:
         browser.get(f"{url}/#custom_scalars")
-        for _ in range(60):  # the page fetches each chart's data after it renders the layout
+        # the page fetches each chart's data after it renders the layout, a series at a time: read until every card
+        # is drawn (or says its error) and two readings agree
+        deadline, before = time.monotonic() + PATIENCE_S, None
+        while True:
             cards = browser.execute_script(CARDS)
             done = len(cards) == expected and all(c["lines"] or "do not match" in c["text"] for c in cards)
-            if done:
+            if done and cards == before:
                 break
+            if time.monotonic() > deadline:
+                pytest.fail(f"the page did not render {expected} cards within {PATIENCE_S} s: {cards}"[:2000])
+            before = cards
             time.sleep(0.5)
         if screenshot:  # the charts alone: the sidebar shows the log folder's absolute path
             browser.save_screenshot(screenshot)

@@ -4,6 +4,7 @@ regions are what the files give now."""
 
 import json
 import re
+import shlex
 
 import pytest
 
@@ -178,9 +179,11 @@ def test_a_timed_command_is_kept_with_where_and_when_it_ran(tmp_path):
     from benchmarks import footprint
 
     kept = tmp_path / "times.json"
-    result = footprint.measure("suite", ["python", "-c", "sum(range(10**6))"], path=kept)
-    assert result["returncode"] == 0 and result["wall_s"] >= 0 and result["cpu_s"] > 0
-    assert json.loads(kept.read_text())["suite"]["command"] == "python -c 'sum(range(10**6))'"
+    burn = "import time\nwhile time.process_time() < 0.3: pass"  # 0.3 CPU seconds on any machine, one thread
+    result = footprint.measure("suite", ["python", "-c", burn], path=kept)
+    # the child's CPU time is counted (at least what it burnt), and one thread's CPU time is within its wall time
+    assert result["returncode"] == 0 and result["wall_s"] >= result["cpu_s"] >= 0.3
+    assert json.loads(kept.read_text())["suite"]["command"] == shlex.join(["python", "-c", burn])
     failed = footprint.measure("quick_start", ["python", "-c", "raise SystemExit(3)"], path=kept)
     assert failed["returncode"] == 3 and "quick_start" not in json.loads(kept.read_text())  # only what succeeded
     with pytest.raises(SystemExit, match="name='made-up' is not one of"):
