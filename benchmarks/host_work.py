@@ -48,7 +48,7 @@ from benchmarks.harness import RESULTS, machine, write_atomic
 from lightning_hybrid import HybridPredictStrategy, hybrid_callbacks
 from lightning_hybrid.callbacks.scheduler import HybridScheduler
 from lightning_hybrid.engine import HybridEngine
-from lightning_hybrid.strategy import HybridStrategyMixin
+from lightning_hybrid.strategy import StepRouting
 
 OUT = RESULTS / "host_work"
 MODES: dict[str, dict[str, Any]] = {  # mode -> hybrid_callbacks settings (and, as `fused`, the optimizer's)
@@ -60,7 +60,7 @@ MODES: dict[str, dict[str, Any]] = {  # mode -> hybrid_callbacks settings (and, 
 }
 BRACKETED_PLUGIN = {
     HybridScheduler: ("on_train_batch_start", "on_train_batch_end", "_before_optimizer_step", "_after_optimizer_step"),
-    HybridStrategyMixin: ("training_step", "backward", "optimizer_step"),
+    StepRouting: ("training_step", "backward", "optimizer_step"),
     HybridEngine: ("_check_ordinary_step",),
 }
 BRACKETED_LIGHTNING = {Strategy: ("training_step", "backward", "optimizer_step"), Closure: ("__call__",)}

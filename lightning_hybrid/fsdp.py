@@ -26,7 +26,7 @@ from torch.nn import Module
 from typing_extensions import override
 
 from lightning_hybrid.samplers import one_permutation
-from lightning_hybrid.strategy import HybridStrategyMixin
+from lightning_hybrid.strategy import HybridStrategyMixin, StepRouting
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -151,14 +151,11 @@ class _CallRoot(_ForwardRedirection):
         original_module.__dict__.pop("forward", None)
 
 
-class HybridFSDPStrategy(HybridStrategyMixin, FullyShardedStrategy):
-    """Hybrid predictive training with fully sharded data parallelism (``strategy="hybrid_fsdp"``).
+class ShardedRouting(StepRouting):
+    """The plugin's step routing on a strategy whose parameters are FSDP2 shards (``DTensor``): the engine works on
+    each rank's local shards, sums their statistics over the ranks, and the callbacks' state (per shard) is saved per
+    rank beside the sharded checkpoint."""
 
-    Shards like :class:`FullyShardedStrategy` (same arguments); every rank predicts, checks and rolls back only
-    its own shards, and the hybrid callbacks' state is saved per rank beside the sharded checkpoint.
-    """
-
-    strategy_name = "hybrid_fsdp"
     sharded = True
 
     # ---------------------------------------------------------------------- shard-aware hooks of the scheduler
@@ -205,3 +202,13 @@ class HybridFSDPStrategy(HybridStrategyMixin, FullyShardedStrategy):
                 f"state never contains; the checkpoint folder may have been tampered with ({str(err).splitlines()[0]})"
             ) from err
         return checkpoint
+
+
+class HybridFSDPStrategy(ShardedRouting, HybridStrategyMixin, FullyShardedStrategy):
+    """Hybrid predictive training with fully sharded data parallelism (``strategy="hybrid_fsdp"``).
+
+    Shards like :class:`FullyShardedStrategy` (same arguments); every rank predicts, checks and rolls back only
+    its own shards, and the hybrid callbacks' state is saved per rank beside the sharded checkpoint.
+    """
+
+    strategy_name = "hybrid_fsdp"

@@ -12,7 +12,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
-from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy, Strategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import Tensor
@@ -26,12 +26,15 @@ if TYPE_CHECKING:
     import lightning.pytorch as pl
 
 
-class HybridStrategyMixin:
-    """Overrides ``training_step``, ``backward`` and ``optimizer_step`` of a Lightning strategy.
+class StepRouting(Strategy):
+    """Overrides ``training_step``, ``backward`` and ``optimizer_step`` of a Lightning strategy, and what the run is
+    evaluated and checkpointed at: what the plugin adds to any strategy. The hybrid strategies are Lightning's with
+    it; a strategy the user chose gets it from the ``HybridScheduler`` for the fit (:mod:`~.adopted`).
 
     Outside ``fit`` (``validate``, ``test``, ``predict``), without an attached step handler, and while the handler
     is not bound to a fit's training (the tuner's trial fits, which replace the Trainer's callbacks), the strategy
-    behaves exactly like its Lightning parent.
+    behaves exactly like its Lightning parent. A subclass of Lightning's ``Strategy``, so that a strategy instance
+    can take it as a subclass of its own class (an instance's class may change only to one of the same layout).
     """
 
     _hybrid: StepHandler | None = None
@@ -55,8 +58,9 @@ class HybridStrategyMixin:
     def _require_scheduler(self, trainer: pl.Trainer) -> None:
         if trainer.state.fn == TrainerFn.FITTING and self._hybrid is None:
             raise MisconfigurationException(
-                f"{type(self).__name__} needs the hybrid callbacks: pass "
-                "`callbacks=hybrid_callbacks()` (from lightning_hybrid) to the Trainer."
+                f"{type(self).__name__} needs the plugin's callback: pass `callbacks=[HybridScheduler()]` (from "
+                "lightning_hybrid) to the Trainer, or list `_target_: lightning_hybrid.HybridScheduler` among a "
+                "config's callbacks."
             )
 
     @override
@@ -69,24 +73,11 @@ class HybridStrategyMixin:
         """A skipped step drops its gradients and a predicted step has none; torch's value clipping fails on an
         empty gradient list, so Lightning's clipping (automatic, or ``self.clip_gradients`` in a manual
         ``training_step``) becomes a no-op when no parameter holds a gradient. The precision plugin is Lightning's
-        own class, chosen by the Trainer, so its one method is wrapped on this instance."""
+        own class, chosen by the Trainer, so its one method is wrapped on this instance (a partial of a module
+        function: the strategy still pickles)."""
         plugin = self.precision_plugin
-        if getattr(plugin, "_hybrid_clipping", False):
-            return
-        clip = plugin.clip_gradients
-
-        def clip_gradients(optimizer: Optimizer, *args: Any, **kwargs: Any) -> None:
-            if any(p.grad is not None for group in optimizer.param_groups for p in group["params"]):
-                clip(optimizer, *args, **kwargs)
-
-        plugin.clip_gradients = clip_gradients
-        plugin._hybrid_clipping = True
-
-    @override
-    def process_dataloader(self, dataloader: object) -> object:
-        """On several ranks, every rank its own shard of one permutation, which resumes mid-epoch
-        (:func:`~lightning_hybrid.samplers.one_permutation`); on one, the loader as it is."""
-        return one_permutation(super().process_dataloader(dataloader))
+        if not isinstance(plugin.__dict__.get("clip_gradients"), partial):
+            plugin.clip_gradients = partial(_clip_present_gradients, plugin)
 
     @override
     def on_validation_start(self) -> None:
@@ -144,6 +135,22 @@ class HybridStrategyMixin:
     def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any], model: Any = None, **kwargs: Any) -> Any:
         run = partial(super().optimizer_step, optimizer, model=model, **kwargs)
         return self._hybrid.optimizer_step(optimizer, closure, run) if self._routing else run(closure)
+
+
+class HybridStrategyMixin(StepRouting):
+    """The hybrid strategies' own: the plugin's step routing, and on several ranks one permutation of the data."""
+
+    @override
+    def process_dataloader(self, dataloader: object) -> object:
+        """On several ranks, every rank its own shard of one permutation, which resumes mid-epoch
+        (:func:`~lightning_hybrid.samplers.one_permutation`); on one, the loader as it is."""
+        return one_permutation(super().process_dataloader(dataloader))
+
+
+def _clip_present_gradients(plugin: Any, optimizer: Optimizer, *args: Any, **kwargs: Any) -> None:
+    """The precision plugin's own ``clip_gradients``, where a parameter holds a gradient."""
+    if any(p.grad is not None for group in optimizer.param_groups for p in group["params"]):
+        type(plugin).clip_gradients(plugin, optimizer, *args, **kwargs)
 
 
 class HybridPredictStrategy(HybridStrategyMixin, SingleDeviceStrategy):

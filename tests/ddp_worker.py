@@ -21,8 +21,16 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
+from torch.distributed.fsdp import fully_shard
 
-from lightning_hybrid import FullyShardedStrategy, HybridDDPStrategy, HybridFSDPStrategy, hybrid_callbacks
+from lightning_hybrid import (
+    FullyShardedStrategy,
+    HybridDDPStrategy,
+    HybridFSDPStrategy,
+    HybridScheduler,
+    hybrid_callbacks,
+)
 from lightning_hybrid.callbacks import find_scheduler
 from lightning_hybrid.predictors import OuterMomentum, PrimalAveraging
 from tests.helpers import (
@@ -52,6 +60,7 @@ RULES = {  # `outer` without the default's guards, then with each, then the defa
     "muon": partial(OuterMomentum, **DEFAULT_JUMPING),  # Muon and AdamW on one loss (MuonModel)
     "gpa": partial(PrimalAveraging, mu_x=0.9, mu_y=0.7),  # primal averaging, its average short enough to move
 }
+ALONE = {"alone": RULES["default"], "alone_gpa": RULES["gpa"]}  # the same rules as one HybridScheduler
 STRATEGIES = {
     "ddp": HybridDDPStrategy,
     "fsdp": HybridFSDPStrategy,
@@ -65,9 +74,27 @@ USER_MODULES = {
 }
 
 
+# strategies a user chose, beside which the plugin runs as one callback: Lightning's DDP, Lightning's FSDP2 on a
+# module that shards itself, and the package's plain FSDP2 standing for a user's own ModelParallelStrategy
+USERS = {
+    "user-ddp": partial(DDPStrategy, process_group_backend="gloo"),
+    "user-fsdp2": partial(ModelParallelStrategy, data_parallel_size=2, tensor_parallel_size=1),
+    "user-plain-fsdp": partial(FullyShardedStrategy, process_group_backend="gloo"),
+}
+
+
+class ShardedRegression(RegressionModel):
+    """The regression MLP sharding itself with FSDP2, as Lightning's ModelParallelStrategy asks a module to."""
+
+    def configure_model(self) -> None:
+        fully_shard(self.net, mesh=self.device_mesh["data_parallel"])
+
+
 def _strategy(name: str, kind: str) -> Any:
     """``ddp``, ``fsdp`` and ``fsdp-per-layer`` (hybrid), or ``plain-fsdp`` and ``plain-fsdp-per-layer`` (plain
-    Lightning's FSDP); per layer, a user module's own layer class."""
+    Lightning's FSDP); per layer, a user module's own layer class; or a strategy a user chose (``USERS``)."""
+    if name in USERS:
+        return USERS[name]()
     plain, name = name.startswith("plain-"), name.removeprefix("plain-")
     if plain or (kind in USER_MODULES and name == "fsdp-per-layer"):
         policy = None
@@ -130,6 +157,8 @@ def main(
         callbacks = resume_callbacks("exploding")
     elif kind in RULES:
         callbacks = hybrid_callbacks(predictor=RULES[kind](), **RULE_PHASES)
+    elif kind in ALONE:  # the plugin as one callback, beside the strategy the user chose
+        callbacks = [HybridScheduler(predictor=ALONE[kind](), **RULE_PHASES)]
     elif kind in USER_MODULES:  # the defaults, jumping on short cycles; none in a plain run
         plain = strategy.startswith("plain-")
         callbacks = [] if plain else hybrid_callbacks(predictor=OuterMomentum(**DEFAULT_JUMPING), **RULE_PHASES)
@@ -154,9 +183,8 @@ def main(
     if kind in USER_MODULES:
         model, data = USER_MODULES[kind][0](), TokenData(batches) if batches else token_loader()
     else:
-        model = (
-            MuonModel() if kind == "muon" else RegressionModel(scheduler=True, optimizer=optimizer or "adam", lr=1e-2)
-        )
+        regression = ShardedRegression if strategy == "user-fsdp2" else RegressionModel
+        model = MuonModel() if kind == "muon" else regression(scheduler=True, optimizer=optimizer or "adam", lr=1e-2)
         data = loader(512, batch_size=16)
     ckpt_path = resume if resume not in (None, "after", *SAVE_EVERY) else None
     with warnings.catch_warnings(record=True) as said:  # what the run said, validation after fit included
@@ -167,11 +195,12 @@ def main(
             "params": flat_params(model),
             "steps": trainer.global_step,
             "place": (trainer.node_rank, trainer.local_rank),
+            "strategy": type(trainer.strategy).__name__,  # after the fit: its own class again, beside the plugin
         }
         if resume == "after":
             saved["after"] = _after_fit(trainer, model)
     saved["warnings"] = [str(w.message) for w in said]
-    scheduler, rule = find_scheduler(trainer), kind in RULES or kind in USER_MODULES
+    scheduler, rule = find_scheduler(trainer), kind in RULES or kind in ALONE or kind in USER_MODULES
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     saved["first_epoch"] = torch.cat(record.first_epoch) if record.first_epoch else None
     if scheduler is None:  # plain Lightning: what it trained

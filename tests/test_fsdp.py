@@ -66,13 +66,13 @@ def test_resuming_without_this_ranks_hybrid_state_names_the_missing_file(tmp_pat
         trainer.fit(RegressionModel(), loader(), ckpt_path=saved)
 
 
-def test_a_strategy_that_is_not_hybrid_is_refused_naming_the_supported_ones(tmp_path):
-    """Plain Lightning strategies (DeepSpeed included) would run the callbacks without ever routing a step
-    through them; they are refused before anything trains."""
+def test_the_per_step_mode_beside_a_strategy_that_is_not_hybrid_is_refused_naming_the_hybrid_ones(tmp_path):
+    """The per-step mode predicts whole steps and owns their dispatch: beside a plain Lightning strategy it is
+    refused before anything trains (the default rule and gpa run beside it: ``tests/test_any_strategy.py``)."""
     from lightning.pytorch.strategies import SingleDeviceStrategy
 
     trainer = hybrid_trainer(10, strategy=SingleDeviceStrategy("cpu"), default_root_dir=tmp_path)[0]
-    with pytest.raises(MisconfigurationException, match=r'uses SingleDeviceStrategy.*"hybrid_fsdp".*DeepSpeed'):
+    with pytest.raises(MisconfigurationException, match=r"not SingleDeviceStrategy.*'hybrid'.*'hybrid_fsdp'"):
         trainer.fit(RegressionModel(), loader())
     assert trainer.global_step == 0
 

@@ -35,7 +35,7 @@ LAYERS = [
         ),
     ),
     ("engine", ("engine",)),
-    ("strategy", ("samplers", "strategy", "fsdp", "registry")),
+    ("strategy", ("samplers", "strategy", "fsdp", "adopted", "registry")),
     ("callbacks", ("callbacks", "meter")),
     ("app", ("schema", "overrides", "comparison", "runner", "resume", "train", "demos", "__init__")),
 ]

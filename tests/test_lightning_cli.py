@@ -4,6 +4,7 @@ import re
 from pathlib import Path
 
 import pytest
+from lightning.pytorch.strategies import SingleDeviceStrategy
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lightning_hybrid import HorizonBandit, HybridPredictStrategy
@@ -42,9 +43,10 @@ def _fit(tmp_path, yaml: str, steps: int) -> LightningCLI:
 
 
 def test_the_readme_yaml_trains_an_unchanged_module_with_the_default_rule(tmp_path):
-    """The strategy and `HybridScheduler` alone run the default: `outer` with its guards, no bandit."""
+    """`HybridScheduler` alone, beside Lightning's own strategy, runs the default: `outer` with its guards, no
+    bandit; the strategy is Lightning's after the fit."""
     trainer = _fit(tmp_path, readme_yaml(), 12).trainer
-    assert isinstance(trainer.strategy, HybridPredictStrategy)
+    assert type(trainer.strategy) is SingleDeviceStrategy
     scheduler = scheduler_of(trainer)
     assert scheduler.config.warmup_steps == 100 and scheduler.config.full_steps == 20
     assert not any(isinstance(cb, HorizonBandit) for cb in trainer.callbacks)
@@ -85,7 +87,7 @@ def test_the_rules_settings_under_the_schedulers_init_args_are_the_ones_it_train
 def test_the_rules_settings_in_two_places_are_refused_by_name(tmp_path):
     host = "    - class_path: lightning_hybrid.DynamicsPredictor\n      init_args:\n"
     host += "        predictor_kwargs: {outer_lr: 0.5}\n"
-    with pytest.raises(MisconfigurationException, match=r"given the default rule's settings \['outer_lr'\]"):
+    with pytest.raises(MisconfigurationException, match=r"given \['outer_lr'\].*also lists a DynamicsPredictor"):
         _fit(tmp_path, readme_yaml() + host, 12)
 
 
@@ -94,3 +96,21 @@ def test_a_misspelt_scheduler_setting_in_the_yaml_is_refused(tmp_path):
     config.write_text(readme_yaml().replace("warmup_steps", "warmup_stepz"))
     with pytest.raises((SystemExit, TypeError, ValueError)):
         LightningCLI(UserRegression, UserData, args=["fit", "--config", str(config)], run=False)
+
+
+def test_one_class_path_is_the_plugin_in_any_mode(tmp_path):
+    """Another rule is one more line under the scheduler's ``init_args``; the per-step mode adds the hybrid
+    strategy, as the README says."""
+    gpa = readme_yaml().replace("outer_lr: 0.7", "predictor: gpa")
+    trainer = _fit(tmp_path / "gpa", gpa, 12).trainer
+    assert scheduler_of(trainer).summary()["predictor"] == "gpa"
+    per_step = (
+        readme_yaml()
+        .replace("outer_lr: 0.7", "predictor: linear")
+        .replace("trainer:\n", "trainer:\n  strategy: hybrid\n")
+    )
+    trainer = _fit(tmp_path / "linear", per_step, 12).trainer
+    assert isinstance(trainer.strategy, HybridPredictStrategy) and any(
+        isinstance(cb, HorizonBandit) for cb in trainer.callbacks
+    )
+    assert scheduler_of(trainer).summary()["predictor"] == "linear"

@@ -128,3 +128,22 @@ def test_the_plugins_strategies_give_a_shuffled_stateful_loader_one_permutation_
     assert resumed == tail and why is None
     own = lightnings(0, sampler=list(range(64)))  # any other sampler: as Lightning made it
     assert one_permutation(own) is own
+
+
+def test_beside_the_users_strategy_a_shuffled_stateful_loader_on_several_ranks_is_said_to_keep_lightnings_sampler():
+    """The one thing the plugin as one callback does not bring to the user's strategy: said in one line, naming
+    the strategies that bring it; a loader that loses nothing, or one rank, says nothing."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.strategies import DDPStrategy
+
+    from lightning_hybrid.adopted import what_it_goes_without
+
+    data = torch.arange(64)
+    wrapped = StatefulDataLoader(data, batch_size=4, sampler=DistributedSamplerWrapper(RandomSampler(data), 2, 0))
+    trainer = SimpleNamespace(world_size=2, strategy=DDPStrategy(), train_dataloader=wrapped)
+    said = what_it_goes_without(trainer)
+    assert said.startswith("hybrid: beside DDPStrategy, the shuffled StatefulDataLoader") and "'hybrid_ddp'" in said
+    assert what_it_goes_without(SimpleNamespace(world_size=1, strategy=DDPStrategy(), train_dataloader=wrapped)) is None
+    plain = StatefulDataLoader(data, batch_size=4)
+    assert what_it_goes_without(SimpleNamespace(world_size=2, strategy=DDPStrategy(), train_dataloader=plain)) is None

@@ -69,11 +69,14 @@ def test_a_setting_far_from_any_points_to_the_reference():
         hybrid_callbacks(zzz=1)
 
 
-def test_a_setting_given_to_the_wrong_place_names_its_place():
-    with pytest.raises(TypeError, match=r"`z_threshold` is a setting of DivergenceMonitor; set it there"):
-        HybridScheduler(z_threshold=3.0)
-    with pytest.raises(TypeError, match="`decay` is a setting of predictor='linear', not of predictor='outer'"):
+def test_the_scheduler_takes_every_setting_hybrid_callbacks_takes_with_the_same_treatment():
+    """One callback is the whole plugin: a component's setting goes to the component it brings, another mode's is
+    checked and warned about, and one given beside a predictor instance names the place it belongs."""
+    assert HybridScheduler(z_threshold=3.0).components[1].divergence.z_threshold == 3.0
+    with pytest.warns(UserWarning, match=r"`decay` belongs to the per-step mode"):
         HybridScheduler(decay=0.5)
+    with pytest.raises(TypeError, match=r"`decay` is a setting of LinearPredictor; with an instance, set it there"):
+        HybridScheduler(predictor=LinearPredictor(), decay=0.5)
 
 
 def test_the_scheduler_takes_the_default_rules_settings_and_checks_them_when_built():
@@ -103,7 +106,6 @@ def test_the_other_modes_settings_are_checked_and_warned_about_never_refused():
 
 
 def test_a_setting_two_components_share_is_refused(monkeypatch):
-    import lightning_hybrid.callbacks as callbacks_module
     from lightning_hybrid import predictors
 
     class Clashing(LinearPredictor):
@@ -113,7 +115,6 @@ def test_a_setting_two_components_share_is_refused(monkeypatch):
             super().__init__()
 
     monkeypatch.setitem(predictors.PREDICTORS, "clashing", Clashing)
-    monkeypatch.setattr(callbacks_module, "PREDICTORS", predictors.PREDICTORS)
     with pytest.raises(TypeError, match="`z_threshold` is ambiguous"):
         hybrid_callbacks(predictor="clashing", z_threshold=2.0)
 

@@ -1,4 +1,4 @@
-"""What every hybrid callback shares: it only makes sense under a hybrid strategy, and its checkpointed state is
+"""What every hybrid callback shares: it runs under the HybridScheduler, and its checkpointed state is
 versioned, migrated from earlier layouts and checked before anything is restored."""
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from typing_extensions import override
-
-from lightning_hybrid.strategy import HybridStrategyMixin
 
 # Layout of the hybrid callbacks' checkpointed state; raise it when a layout changes, and migrate in `_migrate`.
 # 1: the scheduler's state one flat dictionary; 2: the engine's parts and its prediction family apart; 3: the
@@ -108,14 +106,15 @@ class HybridComponent(Callback):
         with _refusing(name, undo=None if backup is None else lambda: self._load(backup)):  # nothing half-restored
             self._load(state)
 
+    runs_the_plugin = False  # the HybridScheduler's: the one callback that runs the others
+
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if stage == "fit" and not isinstance(trainer.strategy, HybridStrategyMixin):
+        if stage == "fit" and not any(getattr(cb, "runs_the_plugin", False) for cb in trainer.callbacks):
             raise MisconfigurationException(
-                f"{type(self).__name__} needs a hybrid strategy, but the Trainer uses "
-                f"{type(trainer.strategy).__name__}. Pass `strategy=HybridPredictStrategy()` to the Trainer "
-                '(or `strategy="hybrid"`; `"hybrid_ddp"` or `"hybrid_fsdp"` for several devices). DeepSpeed is not '
-                "supported."
+                f"{type(self).__name__} is a component of the HybridScheduler callback, which runs it; add "
+                "`HybridScheduler()` (from lightning_hybrid) to the Trainer's callbacks, or use it alone: it brings "
+                "the components its mode needs."
             )
 
 

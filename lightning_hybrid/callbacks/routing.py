@@ -5,6 +5,7 @@ app all route through here, so every surface answers alike."""
 from __future__ import annotations
 
 import typing
+from dataclasses import dataclass
 from typing import Any
 
 from typing_extensions import TypedDict
@@ -12,9 +13,10 @@ from typing_extensions import TypedDict
 from lightning_hybrid.algorithms import DivergenceCheck, LinUCBHorizons, ResidualCorrection
 from lightning_hybrid.callbacks.predictor import DynamicsPredictor
 from lightning_hybrid.config import HybridConfig
-from lightning_hybrid.engine import FAMILIES, PredictionFamily
+from lightning_hybrid.engine import FAMILIES, PredictionFamily, family_of
 from lightning_hybrid.predictors import PREDICTORS, OuterMomentum
-from lightning_hybrid.settings import did_you_mean, settings_of, settings_of_chain
+from lightning_hybrid.settings import did_you_mean, init_chain, settings_of, settings_of_chain
+from lightning_hybrid.validation import check_choice
 
 # Which component owns which setting of `hybrid_callbacks`: each name appears once, with its default, in the
 # owner's constructor (a named predictor's own settings come from its class). The callbacks that host the plain
@@ -25,14 +27,6 @@ SETTING_OWNERS: dict[str, Any] = {
     "corrector": ResidualCorrection,
     "bandit": LinUCBHorizons,
     "host": DynamicsPredictor,
-}
-# Where a user sets each owner's settings by hand (the message for a setting given in the wrong place).
-PLACES = {
-    "config": "HybridScheduler",
-    "monitor": "DivergenceMonitor",
-    "corrector": "ResidualCorrector",
-    "bandit": "HorizonBandit",
-    "host": "DynamicsPredictor",
 }
 DEFAULT_RULE = OuterMomentum.name
 
@@ -46,16 +40,12 @@ def predictor_settings(name: str) -> list[str]:
     return settings_of_chain(PREDICTORS[name])
 
 
-def unknown_setting(caller: str, name: str, accepted: list[str], predictor: str | None) -> str:
-    """The message for a setting ``caller`` does not take: where it belongs, or the closest names it does take."""
-    owners = [PLACES[o] for o in _owners_of(name)]
+def unknown_setting(caller: str, name: str, accepted: list[str]) -> str:
+    """The message for a setting ``caller`` does not take: the predictor it belongs to, or the closest names it
+    does take."""
     rules = [p for p in PREDICTORS if name in predictor_settings(p)]
-    if rules and predictor is not None and predictor not in rules:
-        return f"{caller}: `{name}` is a setting of predictor={rules[0]!r}, not of predictor={predictor!r}"
     if rules:
         return f"{caller}: `{name}` is a setting of predictor={rules[0]!r}; give it with that predictor's settings"
-    if owners:
-        return f"{caller}: `{name}` is a setting of {owners[0]}; set it there ({owners[0]}({name}=...))"
     hint = did_you_mean(name, accepted) or "; every setting is listed in docs/settings.md"
     return f"{caller}: unknown setting `{name}`{hint}"
 
@@ -120,22 +110,67 @@ def changed_from_default(component: Any, names: list[str]) -> dict[str, Any]:
 def _hints(init: Any) -> dict[str, Any]:
     hints = typing.get_type_hints(init)
     hints.pop("return", None)
+    return {name: hint for name, hint in hints.items() if name in settings_of(init)}
+
+
+def _every_setting() -> dict[str, Any]:
+    """Every setting ``HybridScheduler`` takes, with its type: the components' and every predictor's."""
+    hints: dict[str, Any] = {}
+    for cls in [*SETTING_OWNERS.values(), *PREDICTORS.values()]:
+        for init in reversed(init_chain(cls)):
+            hints |= _hints(init)
     return hints
 
 
-PHASE_SETTINGS = _hints(HybridConfig)
-RULE_SETTINGS = {n: t for n, t in _hints(OuterMomentum.__init__).items() if n in predictor_settings(DEFAULT_RULE)}
 # The keywords HybridScheduler takes, generated from the constructors that own them, so that LightningCLI
 # (jsonargparse reads ``**settings: Unpack[...]``) accepts exactly these under its ``init_args``.
-SchedulerSettings = TypedDict("SchedulerSettings", {**PHASE_SETTINGS, **RULE_SETTINGS}, total=False)
+SchedulerSettings = TypedDict("SchedulerSettings", _every_setting(), total=False)
 
 
-def split_scheduler_settings(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``HybridScheduler``'s keywords as (phase settings, the default rule's settings); any other is refused,
-    pointing to where it belongs."""
-    accepted = [*PHASE_SETTINGS, *RULE_SETTINGS]
-    for name in settings:
-        if name not in accepted:
-            raise TypeError(unknown_setting("HybridScheduler", name, accepted, DEFAULT_RULE))
-    phase = {n: v for n, v in settings.items() if n in PHASE_SETTINGS}
-    return phase, {n: v for n, v in settings.items() if n in RULE_SETTINGS}
+@dataclass
+class Routed:
+    """One call's settings, each given to the component that owns it (``predictor``: the named predictor's own),
+    and those the chosen mode does not read (checked by their owners, warned about)."""
+
+    family: type[PredictionFamily]
+    owners: dict[str, dict[str, Any]]
+    unread: list[str]
+
+
+def route(caller: str, predictor: str | Any, settings: dict[str, Any]) -> Routed:
+    """Route ``settings`` to their owners for a run of ``predictor`` (a registered name or an instance). An
+    unknown name raises ``TypeError`` with the closest known ones; another predictor's setting is checked by that
+    predictor (a bad value fails as it would there) and counted as unread."""
+    named = isinstance(predictor, str)
+    if named:
+        check_choice(caller, "predictor", predictor, PREDICTORS)
+    family = family_of(PREDICTORS[predictor] if named else predictor)
+    known = owned_settings()
+    known["predictor"] = predictor_settings(predictor) if named else []
+    owners: dict[str, dict[str, Any]] = {owner: {} for owner in known}
+    elsewhere: dict[str, dict[str, Any]] = {}  # another predictor's settings, by that predictor: checked, not read
+    for name, value in settings.items():
+        matches = [o for o, names in known.items() if name in names]
+        other = next((p for p in PREDICTORS if named and name in predictor_settings(p)), None)
+        if not matches and other is not None:
+            elsewhere.setdefault(other, {})[name] = value
+            continue
+        if not matches:
+            raise TypeError(_unknown(caller, name, predictor, known))
+        if len(matches) > 1:
+            raise TypeError(f"{caller}: setting `{name}` is ambiguous ({matches}); build those callbacks directly")
+        owners[matches[0]][name] = value
+    for other, given in elsewhere.items():  # a bad value fails as it would with that predictor
+        PREDICTORS[other](**given)
+    given = {o: v for o, v in owners.items() if o != "predictor"}
+    unread = ignored(family, given) + [name for named in elsewhere.values() for name in named]
+    return Routed(family, owners, unread)
+
+
+def _unknown(caller: str, name: str, predictor: str | Any, known: dict[str, list[str]]) -> str:
+    """The message for a setting no component of this call owns: where it belongs, if anywhere."""
+    if not isinstance(predictor, str) and name in settings_of_chain(type(predictor)):
+        kind = type(predictor).__name__
+        return f"{caller}: `{name}` is a setting of {kind}; with an instance, set it there: {kind}({name}=...)"
+    accepted = ["predictor", "bandit", *(n for names in known.values() for n in names)]
+    return unknown_setting(caller, name, accepted)

@@ -3,9 +3,14 @@
 are in ``trainer.callback_metrics`` (a ``ModelCheckpoint`` or ``EarlyStopping`` may monitor them).
 
 They are computed and handed over only on the batches Lightning logs, which keeps the host work of the other steps
-at none: a ``self.log`` call costs tens of microseconds, and a quiet step's values wait on the device until read."""
+at none: a ``self.log`` call costs tens of microseconds, and a quiet step's values wait on the device until read.
+The whole run's summary is written as JSON beside the logs."""
 
 from __future__ import annotations
+
+import json
+import os
+from typing import Any
 
 import lightning.pytorch as pl
 
@@ -34,3 +39,14 @@ def log_unverified(pl_module: pl.LightningModule, unverified: bool) -> None:
     over them once a validation, so Lightning has nothing to warn of, nor without a logger."""
     loggers = bool(pl_module.trainer.loggers)
     pl_module.log("hybrid/unverified", float(unverified), on_epoch=True, logger=loggers, batch_size=1, sync_dist=True)
+
+
+def write_summary(trainer: pl.Trainer, summary: dict[str, Any], directory: str | None, filename: str) -> None:
+    """``summary`` as JSON to ``directory`` (by default where the Trainer's first logger keeps its logs; nowhere
+    without a logger), from rank 0."""
+    if directory is None and trainer.loggers:
+        directory = trainer.log_dir  # a broadcast: every rank must ask
+    if directory is not None and trainer.is_global_zero:
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, filename), "w") as f:
+            json.dump(summary, f, indent=2)

@@ -1,11 +1,10 @@
-"""HybridScheduler: the callback that runs the :class:`~lightning_hybrid.engine.HybridEngine` inside ``fit``: it
-finds the components, hands the engine to the hybrid strategy (which routes each step through it), calls it from
-Lightning's batch hooks, logs its scalars and checkpoints its state, so a resumed run continues exactly."""
+"""HybridScheduler: the plugin in one callback, which runs the :class:`~lightning_hybrid.engine.HybridEngine` inside
+``fit``: it finds or brings the components, hands the engine to the strategy (which routes each step through it),
+calls it from Lightning's batch hooks, logs its scalars and checkpoints its state, so a resumed run continues
+exactly."""
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Any
 
 import lightning.pytorch as pl
@@ -13,6 +12,8 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch.optim import Optimizer
 from typing_extensions import Unpack, override
 
+from lightning_hybrid.adopted import adopt, give_back, what_it_goes_without
+from lightning_hybrid.callbacks.assembly import assemble, find_parts
 from lightning_hybrid.callbacks.bandit import HorizonBandit
 from lightning_hybrid.callbacks.base import HybridComponent
 from lightning_hybrid.callbacks.checkpoint_flag import UNVERIFIED, say_resuming, say_unverified
@@ -20,21 +21,19 @@ from lightning_hybrid.callbacks.messages import info, warn
 from lightning_hybrid.callbacks.monitor import DivergenceMonitor
 from lightning_hybrid.callbacks.predictor import DynamicsPredictor
 from lightning_hybrid.callbacks.resumable import say_unresumable
-from lightning_hybrid.callbacks.routing import DEFAULT_RULE, SchedulerSettings, split_scheduler_settings
-from lightning_hybrid.callbacks.scalars import log_step, log_unverified, logging_step
+from lightning_hybrid.callbacks.routing import DEFAULT_RULE, SchedulerSettings
+from lightning_hybrid.callbacks.scalars import log_step, log_unverified, logging_step, write_summary
 from lightning_hybrid.callbacks.wiring import (
-    find_component,
     last_step,
-    predictor_host,
     refuse_sparse_gradients,
     refuse_untrainable,
-    used_corrector,
     warn_ignored,
     warn_short_fit,
 )
 from lightning_hybrid.config import HybridConfig
-from lightning_hybrid.engine import Components, HybridEngine, OptimizerSet, family_of
+from lightning_hybrid.engine import Components, HybridEngine, OptimizerSet
 from lightning_hybrid.phase import Phase
+from lightning_hybrid.predictors import AnyPredictor
 from lightning_hybrid.summary import RunCounters, format_summary
 from lightning_hybrid.tensorboard import write_layout
 
@@ -42,45 +41,51 @@ SUMMARY_FILENAME = "hybrid_summary.json"
 
 
 class HybridScheduler(HybridComponent):
-    """Runs hybrid training: the default rule's cycles and jumps (``outer``), or the per-step mode's Warmup → Full →
-    Predict → Correct cycle; owns the run's record and summary.
+    """The plugin, in one callback: runs the default rule's cycles and jumps (``outer``), primal averaging
+    (``gpa``) or the per-step mode's Warmup → Full → Predict → Correct cycle, and owns the run's record and summary.
 
-    On its own it runs the default rule, with the other components it needs built with their defaults: a config
-    file (LightningCLI) lists the strategy and this callback. The per-step mode adds a :class:`DynamicsPredictor`
-    that names a per-step predictor (and its :class:`ResidualCorrector` and :class:`HorizonBandit`).
+    It brings the components its mode needs (``components``, placed among the callbacks at setup where none of that
+    kind is listed) and runs beside the Trainer's strategy, which takes the plugin's step routing for the fit
+    (:mod:`~lightning_hybrid.adopted`); the per-step mode needs a hybrid strategy, and says so at setup.
 
     Args:
         config: the phase settings, as a :class:`HybridConfig`; or give them as keywords.
         summary_filename: name of the JSON summary written at the end of a ``fit`` that trained.
         summary_dir: the folder it goes to; by default where the Trainer's first logger keeps its logs
             (``trainer.log_dir``), and nowhere without a logger (the summary is still printed).
-        **settings: the phase settings (:class:`HybridConfig`'s) and the default rule's (``outer_lr``,
-            ``outer_momentum``, ``keep_norms``, ``restart``, ``verify_window``, ``verify_sigmas``,
-            ``verify_resolution``, ``alignment_window``, ``state_on_host``: see
-            :class:`~lightning_hybrid.predictors.OuterMomentum`). Every one is listed in ``docs/settings.md``.
+        predictor: a registered name (``outer``, the default; ``gpa``; the per-step ``linear``, ``mlp`` and
+            ``rssm``) or a :class:`Predictor` or :class:`TrajectoryRule` instance.
+        bandit: whether to bring the :class:`HorizonBandit`; by default (``None``) for the per-step predictors.
+        **settings: every setting, given to the component that owns it: the phase settings
+            (:class:`HybridConfig`), the divergence monitor's, the corrector's, the bandit's, ``feature_dim`` and
+            the named predictor's own (``outer_lr``, ``keep_norms``, ...). An unknown name raises ``TypeError`` with
+            the closest known ones; a setting the chosen mode does not read is checked by its owner and warned about,
+            once. Every one is listed in ``docs/settings.md``.
     """
+
+    runs_the_plugin = True
 
     def __init__(
         self,
         config: HybridConfig | None = None,
         summary_filename: str = SUMMARY_FILENAME,
         summary_dir: str | None = None,
+        *,
+        predictor: str | AnyPredictor = DEFAULT_RULE,
+        bandit: bool | None = None,
         **settings: Unpack[SchedulerSettings],
     ) -> None:
-        phase, rule = split_scheduler_settings(settings)
-        if config is not None and phase:
-            raise ValueError(f"HybridScheduler: pass either `config` or phase settings, not both (got {sorted(phase)})")
-        self.config = config if config is not None else HybridConfig(**phase)
-        self.rule_settings = rule
-        # the default rule's host, built here so that bad settings fail now; placed among the callbacks at setup
-        self._own_host = DynamicsPredictor(DEFAULT_RULE, predictor_kwargs=rule)
-        self.told_ignored: set[str] = set()  # settings hybrid_callbacks already warned the mode ignores
+        built = assemble(config, predictor, bandit, dict(settings))
+        self.config, self.components, self.given = built.config, built.components, built.given
+        self.rule_settings = built.rule_settings  # the named predictor's own settings
+        self.told_ignored = built.told_ignored  # settings already warned about as not read by the mode
         self.summary_filename, self.summary_dir = summary_filename, summary_dir
         self.engine = HybridEngine(self.config, info=info, warn=warn)  # said beside the progress bar
-        self.predictor: DynamicsPredictor | None = None
+        self.predictor: DynamicsPredictor | None = None  # the components found at setup
         self.monitor: DivergenceMonitor | None = None
         self.bandit: HorizonBandit | None = None
         self._strategy: Any = None
+        self._strategy_class: type | None = None  # the user's strategy's own class, while it routes for the plugin
         self._hooks: list[Any] = []
         self._in_step = False
         self._per_batch, self._seen = 1, 0  # optimizers stepping each batch; the global step last seen
@@ -100,26 +105,19 @@ class HybridScheduler(HybridComponent):
         return self.engine.record.counters
 
     def progress(self) -> dict[str, str]:
-        """What the progress bar shows: the phase, and the mode's running counts (jumps kept of those made, or the
-        share of backward passes skipped)."""
+        """What the progress bar shows: the phase, and the mode's counts (jumps kept, or backward passes skipped)."""
         family = self.engine.family
         return {"phase": self.phase.label, **(family.progress() if family is not None else {})}
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        super().setup(trainer, pl_module, stage)
         if stage != "fit":
             return
         self._said_unverified = self._said_unresumable = False
-        self.predictor = predictor_host(trainer, self, self._own_host, self.rule_settings)
-        try:
-            family = family_of(self.predictor.predictor)
-        except ValueError as err:  # an unregistered family, refused by name before training
-            raise MisconfigurationException(str(err)) from err
-        corrector = used_corrector(trainer, self, family, self.predictor.name)
-        self.monitor = find_component(trainer, self, DivergenceMonitor, DivergenceMonitor)
-        self.bandit = find_component(trainer, self, HorizonBandit, None)  # only where listed
+        self.predictor, family, corrector, self.monitor, self.bandit = find_parts(trainer, self)
         refuse_untrainable(pl_module)
+        self._strategy_class = adopt(trainer.strategy, self.predictor.name if family.predicts_steps else None)
+        self._strategy = trainer.strategy  # routing for the plugin until given back
         bandit = self.bandit.horizons if self.bandit is not None else None
         host, monitor = self.predictor, self.monitor.divergence
         parts = Components(host.predictor, host.encoder, corrector, monitor, bandit)
@@ -129,8 +127,12 @@ class HybridScheduler(HybridComponent):
             raise MisconfigurationException(str(err)) from err
         warn_ignored(family, self.predictor.name, self.config, self.monitor.divergence, self.told_ignored)
         self.engine.connect(parts)
-        self._strategy = trainer.strategy
         trainer.strategy.attach_step_handler(self.engine)
+
+    def _give_back_strategy(self) -> None:
+        if self._strategy is not None:
+            give_back(self._strategy, self._strategy_class)
+        self._strategy = self._strategy_class = None
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -166,6 +168,8 @@ class HybridScheduler(HybridComponent):
         pre, post = self._before_optimizer_step, self._after_optimizer_step
         self._hooks = [h for o in optimizers for h in (o.register_step_pre_hook(pre), o.register_step_post_hook(post))]
         write_layout(trainer, self.engine.family.mode)
+        if self._strategy_class is not None and (without := what_it_goes_without(trainer)) is not None:
+            warn(without)
         self._in_step = False
 
     def _before_optimizer_step(self, optimizer: Optimizer, args: Any, kwargs: Any) -> None:
@@ -218,9 +222,8 @@ class HybridScheduler(HybridComponent):
 
     @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Validation inside a segment, or between a jump and its verdict, sees unverified weights: every
-        validation of a fit logs ``hybrid/unverified`` (1 there, 0 elsewhere), so a reader of the curves knows
-        which points may yet be rolled back."""
+        """Validation inside a segment, or between a jump and its verdict, sees unverified weights: each validation
+        of a fit logs ``hybrid/unverified`` (1 there, else 0), so a reader knows which points may yet be undone."""
         if trainer.state.fn == "fit" and self.engine.bound:
             log_unverified(pl_module, self.engine.unverified)
 
@@ -246,13 +249,7 @@ class HybridScheduler(HybridComponent):
         summary = self.summary(trainer)
         if summary["steps_total"] == 0 and "stepped_aside" not in summary:  # `max_epochs=0`, or no optimizer
             return
-        directory = self.summary_dir
-        if directory is None and trainer.loggers:
-            directory = trainer.log_dir  # a broadcast: every rank must ask
-        if directory is not None and trainer.is_global_zero:
-            os.makedirs(directory, exist_ok=True)
-            with open(os.path.join(directory, self.summary_filename), "w") as f:
-                json.dump(summary, f, indent=2)
+        write_summary(trainer, summary, self.summary_dir, self.summary_filename)
         info(self.report(summary))
 
     @override
@@ -261,9 +258,13 @@ class HybridScheduler(HybridComponent):
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
-        if stage == "fit" and self._strategy is not None:
-            self._strategy.attach_step_handler(None)
-            self._strategy = None
+        if stage == "fit":
+            self._give_back_strategy()
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        """A fit that failed tears its callbacks down only in part: the user's strategy gets its own class back."""
+        self._give_back_strategy()
 
     def summary(self, trainer: pl.Trainer | None = None) -> dict[str, Any]:
         """Whole-run numbers, as written to ``hybrid_summary.json``; with ``trainer``, also what its other

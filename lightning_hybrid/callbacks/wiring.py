@@ -72,18 +72,18 @@ def last_step(trainer: pl.Trainer) -> int | None:
     return int(total) if math.isfinite(total) else None
 
 
-def predictor_host(trainer: pl.Trainer, scheduler: pl.Callback, own: Any, rule_settings: dict[str, Any]) -> Any:
-    """The listed :class:`DynamicsPredictor`, or the scheduler's ``own`` (the default rule, with the settings the
-    scheduler was given). The rule's settings in both places are refused: which would win is not the plugin's to
-    guess."""
-    host = find_component(trainer, scheduler, type(own), lambda: own)
-    if host is not own and rule_settings:
+def find_own(trainer: pl.Trainer, scheduler: pl.Callback, own: Any, given: list[str] | None) -> Any:
+    """The listed component of ``own``'s kind, or the scheduler's ``own`` (placed among the callbacks). Settings
+    given to the scheduler for that component while another of its kind is listed are refused: which would win is
+    not the plugin's to guess."""
+    found = find_component(trainer, scheduler, type(own), lambda: own)
+    if found is not own and given:
         raise MisconfigurationException(
-            f"HybridScheduler was given the default rule's settings {sorted(rule_settings)}, but the Trainer also "
-            f"lists a DynamicsPredictor (predictor={host.name!r}), which holds the predictor and its settings: give "
-            "them in one place (the scheduler's, for the default rule, with no DynamicsPredictor listed)."
+            f"HybridScheduler was given {given}, settings of its {type(own).__name__}, but the Trainer also lists a "
+            f"{type(own).__name__}, which holds them: give them in one place (the scheduler's, with no "
+            f"{type(own).__name__} listed)."
         )
-    return host
+    return found
 
 
 def warn_ignored(
@@ -124,12 +124,15 @@ def warn_short_fit(
     )
 
 
-def used_corrector(trainer: pl.Trainer, scheduler: pl.Callback, family: type[PredictionFamily], predictor: str) -> Any:
-    """The residual correction of the run's :class:`ResidualCorrector` where the mode uses one (built with its
-    defaults when not listed), else ``None``: one listed for a mode that does not use it is left out, with a
-    warning."""
+def used_corrector(
+    trainer: pl.Trainer, scheduler: pl.Callback, family: type[PredictionFamily], predictor: str, own: Any
+) -> Any:
+    """The residual correction of the run's :class:`ResidualCorrector` where the mode uses one (the scheduler's
+    ``own``, or one built with its defaults, when none is listed), else ``None``: one listed for a mode that does
+    not use it is left out, with a warning."""
     uses = family.uses_corrector
-    corrector = find_component(trainer, scheduler, ResidualCorrector, ResidualCorrector if uses else None, notice=True)
+    build = (lambda: own) if own is not None else ResidualCorrector
+    corrector = find_component(trainer, scheduler, ResidualCorrector, build if uses else None, notice=own is None)
     if corrector is not None and not uses:
         rank_zero_warn(
             f"hybrid: the ResidualCorrector is a component of the per-step mode; predictor={predictor!r} runs the "

@@ -1,0 +1,207 @@
+"""The plugin as one callback, ``HybridScheduler``, beside the strategy the user already has: the whole plugin in
+any mode from one object, trained under Lightning's own strategies as under the hybrid ones, refused by name where
+it cannot serve, and every callback and strategy pickling and deep-copying before and after a fit (spawn launchers,
+notebooks). The two-rank runs are in ``tests/test_ddp.py`` (env-launched) and below (launched by Lightning)."""
+
+from __future__ import annotations
+
+import copy
+import os
+import pickle
+import subprocess
+import sys
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, SingleDeviceStrategy
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+from lightning_hybrid import (
+    DivergenceMonitor,
+    DynamicsPredictor,
+    FullyShardedStrategy,
+    HorizonBandit,
+    HybridDDPStrategy,
+    HybridFSDPStrategy,
+    HybridPredictStrategy,
+    HybridScheduler,
+    ResidualCorrector,
+    hybrid_callbacks,
+)
+from lightning_hybrid.adopted import adopt
+from lightning_hybrid.callbacks import HybridProgressBar, VRAMLogger
+from lightning_hybrid.phase import Phase
+from tests.faults.common import FaultyModel, FiniteWatch
+from tests.helpers import (
+    DEFAULT_JUMPING,
+    FAST,
+    ROOT,
+    RULE_PHASES,
+    RegressionModel,
+    flat_params,
+    free_port,
+    hybrid_trainer,
+    loader,
+    scheduler_of,
+)
+
+RULES = {"default": {**RULE_PHASES, **DEFAULT_JUMPING}, "gpa": {"predictor": "gpa", **RULE_PHASES}}
+UNTIMED = ("wall_time_s", "time_by_phase_s", "fit")  # the clock's, not the training's
+
+
+def _users_trainer(callbacks: list, steps: int = 60, **kwargs) -> L.Trainer:
+    """A Trainer as a user writes one: Lightning's own strategy (``auto``: one CPU device), the plugin a callback."""
+    quiet = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    return L.Trainer(accelerator="cpu", devices=1, max_steps=steps, callbacks=callbacks, **(quiet | kwargs))
+
+
+def _trained(summary: dict) -> dict:
+    return {k: v for k, v in summary.items() if k not in UNTIMED}
+
+
+@pytest.mark.parametrize("rule", sorted(RULES))
+def test_one_callback_beside_lightnings_strategy_trains_bitwise_as_the_hybrid_strategy(rule):
+    """The default rule and gpa, as ``Trainer(callbacks=[HybridScheduler()])`` on Lightning's single-device
+    strategy, and as the hybrid strategy with ``hybrid_callbacks``: the same weights, bitwise, and the same record;
+    the user's strategy has its own class back after the fit."""
+    users = _users_trainer([HybridScheduler(**RULES[rule])])
+    model = RegressionModel(scheduler=True)
+    users.fit(model, loader())
+    hybrid, _ = hybrid_trainer(60, hybrid=hybrid_callbacks(**RULES[rule]), logger=False)
+    reference = RegressionModel(scheduler=True)
+    hybrid.fit(reference, loader())
+    assert type(users.strategy) is SingleDeviceStrategy and "_hybrid" not in vars(users.strategy)
+    assert torch.equal(flat_params(model), flat_params(reference))
+    summary = scheduler_of(users).summary()
+    assert _trained(summary) == _trained(scheduler_of(hybrid).summary())
+    assert summary["backward_passes"] == 60  # every backward pass kept
+    assert summary["jumps_made"] >= 1 if rule == "default" else summary["predictor"] == "gpa"
+
+
+def test_the_guard_skips_a_non_finite_step_beside_the_users_strategy_as_under_the_hybrid_one():
+    """A NaN loss and an exploding gradient in the Full phase: skipped beside Lightning's strategy exactly as under
+    the hybrid strategy, and no non-finite value reaches the weights."""
+    faults = {(Phase.FULL, 2): "nan", (Phase.FULL, 9): "explosion"}
+    runs = []
+    for trainer in (
+        _users_trainer([HybridScheduler(**RULES["default"]), FiniteWatch()]),
+        hybrid_trainer(60, hybrid=hybrid_callbacks(**RULES["default"]), extra_callbacks=[FiniteWatch()])[0],
+    ):
+        model = FaultyModel(faults, scheduler=True)
+        trainer.fit(model, loader())
+        watch = next(cb for cb in trainer.callbacks if isinstance(cb, FiniteWatch))
+        runs.append((flat_params(model), scheduler_of(trainer).summary(), watch.all_finite, len(model.injected)))
+    (users, summary, finite, injected), (hybrid, reference, *_) = runs
+    assert injected == 2 and finite and torch.equal(users, hybrid)
+    assert summary["nonfinite_steps_skipped"] == reference["nonfinite_steps_skipped"] == 1
+    assert summary["outlier_steps_skipped"] == reference["outlier_steps_skipped"] >= 1
+
+
+def test_the_scheduler_alone_is_the_whole_plugin_in_any_mode():
+    """``HybridScheduler(predictor="linear", ...)`` brings the per-step mode's components and trains as
+    ``hybrid_callbacks`` with the same arguments; one setting of each component routed to it."""
+    settings = {**FAST, "bandit": True, "z_threshold": 2.5, "max_residuals": 7, "feature_dim": 32}
+    alone = HybridScheduler(**settings)
+    kinds = [type(c) for c in alone.components]
+    assert kinds == [DynamicsPredictor, DivergenceMonitor, ResidualCorrector, HorizonBandit]
+    trainer, _ = hybrid_trainer(60, hybrid=[alone], logger=False)
+    model = RegressionModel()
+    trainer.fit(model, loader())
+    reference_trainer, _ = hybrid_trainer(60, hybrid=hybrid_callbacks(**settings), logger=False)
+    reference = RegressionModel()
+    reference_trainer.fit(reference, loader())
+    assert [type(c) for c in trainer.callbacks[:5]] == [HybridScheduler, *kinds]  # placed right after it
+    assert alone.monitor.divergence.z_threshold == 2.5 and alone.components[2].correction.max_residuals == 7
+    assert torch.equal(flat_params(model), flat_params(reference))
+    assert alone.summary()["steps_by_phase"]["predict"] > 0
+    assert _trained(alone.summary()) == _trained(scheduler_of(reference_trainer).summary())
+
+
+def test_what_one_callback_cannot_serve_is_refused_by_name_before_training():
+    """The per-step mode owns each step's dispatch: beside a strategy of the user's it is refused, naming the hybrid
+    strategies. DeepSpeed and FSDP1 are refused by name; settings given for a component also listed are refused."""
+    trainer = _users_trainer([HybridScheduler(**FAST)])
+    with pytest.raises(MisconfigurationException, match=r"runs the per-step mode.*not SingleDeviceStrategy.*'hybrid'"):
+        trainer.fit(RegressionModel(), loader())
+    assert trainer.global_step == 0 and type(trainer.strategy) is SingleDeviceStrategy
+    with pytest.raises(MisconfigurationException, match=r"beside DeepSpeedStrategy: DeepSpeed's engine owns"):
+        adopt(DeepSpeedStrategy.__new__(DeepSpeedStrategy))  # refused before it is touched (DeepSpeed not needed)
+    with pytest.raises(MisconfigurationException, match=r"beside FSDPStrategy: .* rank 0's callbacks only"):
+        adopt(FSDPStrategy())
+    trainer = _users_trainer([HybridScheduler(z_threshold=2.0), DivergenceMonitor()])
+    with pytest.raises(MisconfigurationException, match=r"given \['z_threshold'\].*also lists a DivergenceMonitor"):
+        trainer.fit(RegressionModel(), loader())
+
+
+def test_a_component_without_the_scheduler_names_it():
+    trainer = _users_trainer([DivergenceMonitor()])
+    with pytest.raises(MisconfigurationException, match=r"DivergenceMonitor is a component of the HybridScheduler"):
+        trainer.fit(RegressionModel(), loader())
+
+
+def test_a_hydra_callbacks_dict_takes_the_whole_plugin_as_one_target():
+    """lightning-hydra-template instantiates each entry of its ``callbacks`` dict as one callback: one entry is the
+    plugin, a rule one more key; ``hybrid_callbacks`` there (a list) is refused in one line naming the class."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    entry = {"_target_": "lightning_hybrid.HybridScheduler", "predictor": "gpa", **RULE_PHASES}
+    config = OmegaConf.create({"callbacks": {"hybrid": entry}})
+    trainer = _users_trainer([instantiate(c) for c in config.callbacks.values()], 20)
+    trainer.fit(RegressionModel(), loader())
+    assert scheduler_of(trainer).summary()["predictor"] == "gpa"
+    config.callbacks.hybrid = {"_target_": "lightning_hybrid.hybrid_callbacks"}
+    with pytest.raises(TypeError, match=r"^lightning_hybrid.hybrid_callbacks returns a list.*HybridScheduler`"):
+        _users_trainer([instantiate(c) for c in config.callbacks.values()])
+
+
+def _everything() -> list:
+    """Every callback of every mode, and every strategy."""
+    modes = [hybrid_callbacks(**RULES["default"]), hybrid_callbacks(predictor="gpa"), hybrid_callbacks(**FAST)]
+    strategies = [HybridPredictStrategy(), HybridDDPStrategy(), HybridFSDPStrategy(), FullyShardedStrategy()]
+    return [*modes, [VRAMLogger(), HybridProgressBar()], strategies]
+
+
+def _copies(things: list) -> None:
+    for thing in things:
+        pickle.loads(pickle.dumps(thing))
+        copy.deepcopy(thing)
+
+
+def test_every_callback_and_strategy_pickles_and_deep_copies_before_and_after_a_fit():
+    """No closure or lambda in anything a Trainer holds of the plugin's: spawn launchers pickle it, notebooks and
+    tuners deep-copy it. After a fit beside the user's strategy, that strategy too (its own class, given back)."""
+    _copies(_everything())
+    for strategy in (HybridPredictStrategy, SingleDeviceStrategy):
+        for callbacks in (hybrid_callbacks(**RULES["default"]), hybrid_callbacks(predictor="gpa")):
+            trainer = _users_trainer([*callbacks, VRAMLogger()], 20, strategy=strategy("cpu"))
+            trainer.fit(RegressionModel(), loader())
+            _copies([trainer.callbacks, trainer.strategy])
+    trainer, _ = hybrid_trainer(40, hybrid=[HybridScheduler(**FAST)], logger=False)
+    trainer.fit(RegressionModel(), loader())
+    _copies([trainer.callbacks, trainer.strategy])
+
+
+@pytest.mark.slow
+def test_lightnings_own_launchers_run_the_callback_alone_on_two_ranks_and_resume_bitwise(tmp_path):
+    """``strategy="ddp"`` (Lightning starts the second rank as a process of the script) and ``"ddp_spawn"`` (it
+    spawns both, pickling the callback in), each with ``Trainer(callbacks=[HybridScheduler()])``: the ranks train
+    and jump, end with bitwise equal weights, and a resume from step 32 ends bitwise as the uninterrupted run."""
+    procs = {}
+    for launcher in ("ddp", "ddp_spawn"):
+        env = {**os.environ, "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+        env = {k: v for k, v in env.items() if not k.startswith("PL_")}
+        cmd = [sys.executable, "-m", "tests.launched_ranks", launcher, str(tmp_path / launcher)]
+        procs[launcher] = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    for launcher, proc in procs.items():
+        out, _ = proc.communicate(timeout=900)
+        assert proc.returncode == 0, out.decode()[-3000:]
+        load = {f: [torch.load(tmp_path / launcher / f"{f}-rank{r}.pt") for r in (0, 1)] for f in ("full", "resumed")}
+        full, resumed = load["full"], load["resumed"]
+        assert torch.equal(full[0]["params"], full[1]["params"]), launcher
+        assert all(run["strategy"] == DDPStrategy.__name__ for run in full + resumed), launcher  # given back
+        assert full[0]["summary"]["jumps_made"] >= 1 and full[0]["summary"]["backward_passes"] == 48
+        for before, after in zip(full, resumed, strict=True):
+            assert torch.equal(after["params"], before["params"]), launcher
+            assert _trained(after["summary"]) == _trained(before["summary"]), launcher
