@@ -345,9 +345,10 @@ def readme_opening() -> str:
         f"{tokens_gpu:.1g} tokens a parameter. For a model of 100M or more trained to the end, expect about 1% fewer "
         "steps: what published records of rules that jump every K steps report at 124M and more (compared in arXiv "
         "2512.17131); it is not measured here. It costs "
-        f"{copies:.0f} copies of the parameters in memory and {min(host):.2f}-{max(host):.2f} ms of host work a step "
-        f"on the CPU, {share:.1%} of a step on the H200. To see what it does for your own module, run both side by "
-        "side: `lightning-hybrid-train mode=compare`."
+        f"{copies:.0f} copies of the parameters in the H200's memory, {min(host):.2f}-{max(host):.2f} ms of host work "
+        f"a step on the CPU (a tiny MLP's), and at most {share:.1%} of a step on the H200 (a cycle's end and a jump "
+        "timed alone). To see what it does for your own module, run both side by side: `lightning-hybrid-train "
+        "mode=compare`."
     )
     return textwrap.fill(text, 118, break_on_hyphens=False) + "\n"
 

@@ -373,7 +373,9 @@ def cell_figures(cell: Cell) -> dict[str, Any] | None:
     sweep_losses = {float(lr): r["points"][-1]["val_loss"] for lr, r in sweep_file["runs"].items()}
     return {
         "sweep": dict(sorted(sweep_losses.items())),
-        "sweep_val_batches": ", ".join(sorted({str(r.get("val_batches", 10)) for r in sweep_file["runs"].values()})),
+        "sweep_val_batches": ", ".join(
+            sorted({str(r["val_batches"]) for r in sweep_file["runs"].values() if "val_batches" in r})
+        ),
         "lr": blocks["default"][0]["lr"] if blocks["default"] else None,
         **figures,
         "plain_lowest_at": lowest,
@@ -513,7 +515,8 @@ def sweeps() -> str:
         if f is not None:
             finals = ", ".join(f"{lr:.3g}: {loss:.4f}" for lr, loss in f["sweep"].items())
             low = ", ".join(map(str, f["plain_lowest_at"])) or "-"
-            head = f"{cell.name} ({cell.length.steps} steps, validated on {f['sweep_val_batches']} batches)"
+            batches = f", validated on {f['sweep_val_batches']} batches" if f["sweep_val_batches"] else ""
+            head = f"{cell.name} ({cell.length.steps} steps{batches})"
             lines.append(f"- {head}: {finals}; plain lowest at steps {low}")
     return "\n".join(lines) or "No sweep yet."
 

@@ -36,7 +36,8 @@ class RunResult:
     load: tuple[float, float] | None = None  # the machine's 1-minute load average as the fit started and ended
     val_seconds: float = 0.0  # wall seconds of the validations inside fit
     val_every: int | None = None  # steps between them (``val_check_interval``), where it counts steps
-    val_batches: int | float | None = None  # batches each (``limit_val_batches``)
+    val_batches: int | None = None  # batches each validation ran (what ran, not what was configured)
+    val_count: int | None = None  # validations inside fit that ran
 
     @property
     def busy(self) -> float:
@@ -66,8 +67,8 @@ def validated_steps(plain: RunResult, hybrid: RunResult) -> str:
     if not steps:
         return "validated only after fit"
     every = f"every {plain.val_every} steps, " if plain.val_every else ""
-    count = len({v[0] for v in plain.validations})
-    batches = f" on {plain.val_batches} batches" if plain.val_batches is not None else ""
+    count = plain.val_count if plain.val_count is not None else len({v[0] for v in plain.validations})
+    batches = "" if plain.val_batches is None else f" on {plain.val_batches} batch{'es' * (plain.val_batches != 1)}"
     cost = sum(r.val_seconds for r in (plain, hybrid)) / max(plain.train_seconds + hybrid.train_seconds, 1e-9)
     return (
         f"validated {every}{count} times inside each fit{batches}, at steps {', '.join(map(str, steps))}: "
@@ -135,8 +136,13 @@ def headline(plain: RunResult, hybrid: RunResult) -> list[str]:
     cpu = compared(p_cpu, h_cpu, "less CPU time", "more CPU time", "as much CPU time")
     lead = f"to plain's final val loss (step {p_step}), the hybrid run took {bound}{steps} (step {h_step})"
     changed = load_changed(plain, hybrid)
+    if trained_alike(hybrid):
+        return [
+            f"the hybrid run made no {'jump' if hybrid.mode == 'jumps' else 'prediction'}: the two runs trained the "
+            f"same way, so their difference in time ({wall} and {cpu}, the hybrid run second) is the machine's"
+        ]
     if changed is None:
-        lines = [f"{lead}, {wall} and {cpu}"]
+        lines = [f"{lead}, {wall} and {cpu} (plain ran first, the hybrid run second)"]
     else:
         loss = _loss_change(plain, hybrid)
         lines = [
@@ -148,6 +154,15 @@ def headline(plain: RunResult, hybrid: RunResult) -> list[str]:
         lines.append("  (at least: it was first seen there at the validation before plain's; it may have been earlier)")
     resolution = _resolution(plain, hybrid)
     return lines + ([resolution] if resolution else [])
+
+
+MADE = {"jumps": "jumps_made", "per-step": "segments_started"}  # what a run of each mode does that plain does not
+
+
+def trained_alike(hybrid: RunResult) -> bool:
+    """Whether the hybrid run made no jump or prediction: it trained as plain does, step for step."""
+    made = MADE.get(hybrid.mode or "")
+    return made is not None and hybrid.counts.get(made, 0) == 0
 
 
 def _loss_change(plain: RunResult, hybrid: RunResult) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -127,7 +128,7 @@ def _fit(cfg: DictConfig, label: str, run: Run, ckpt_path: Path | None, which: s
         log.info(f"{label}: resuming from {ckpt_path}")
     started = _load_average()
     trainer.fit(model, data, ckpt_path=ckpt_path, weights_only=True)  # a checkpoint runs no pickled code
-    ended = _load_average()
+    ended, val_batches = _load_average(), sum(trainer.num_val_batches)  # what each validation ran
     val = trainer.validate(model, data, verbose=False)[0].get(cfg.monitor) if cfg.validate else None
     scheduler = find_scheduler(trainer)
     summary = scheduler.summary() if scheduler is not None and scheduler.engine.family is not None else {}
@@ -146,7 +147,8 @@ def _fit(cfg: DictConfig, label: str, run: Run, ckpt_path: Path | None, which: s
         load=None if started is None or ended is None else (started, ended),
         val_seconds=meter.val_seconds,
         val_every=trainer.val_check_interval if isinstance(trainer.val_check_interval, int) else None,
-        val_batches=trainer.limit_val_batches,
+        val_batches=int(val_batches) if math.isfinite(val_batches) else None,
+        val_count=len(meter.validations),
     )
 
 

@@ -14,7 +14,9 @@ loops/test_training_loop.py``.
 
 ``HYBRID_INJECT`` picks the settings: ``default`` (the defaults), ``jumps`` (the default rule jumping every 2 steps,
 judged over 1, with no limit on the verdict's sight), ``linear`` (the per-step mode) or ``off`` (nothing injected:
-the plain baseline). Not collected by this project's suite (no ``test_`` prefix)."""
+the plain baseline). ``HYBRID_ALONE=1`` leaves every Trainer its own strategy and adds the plugin as one callback,
+``HybridScheduler(...)``, whatever the strategy or devices. Not collected by this project's suite (no ``test_``
+prefix)."""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 
-from lightning_hybrid import HybridPredictStrategy, hybrid_callbacks
+from lightning_hybrid import HybridPredictStrategy, HybridScheduler, hybrid_callbacks
 
 SETTINGS: dict[str, dict[str, Any] | None] = {
     "off": None,
@@ -49,8 +51,14 @@ def pytest_configure(config: Any) -> None:
         return
     init = pl.Trainer.__init__
 
+    alone = os.environ.get("HYBRID_ALONE") == "1"
+
     def injected(self: pl.Trainer, *args: Any, **kwargs: Any) -> None:
-        if _single_cpu_default(kwargs):
+        if alone:
+            callbacks = kwargs.get("callbacks") or []
+            callbacks = [callbacks] if isinstance(callbacks, Callback) else list(callbacks)
+            kwargs["callbacks"] = [*callbacks, HybridScheduler(**settings)]
+        elif _single_cpu_default(kwargs):
             callbacks = kwargs.get("callbacks") or []
             callbacks = [callbacks] if isinstance(callbacks, Callback) else list(callbacks)
             kwargs.update(strategy=HybridPredictStrategy(), callbacks=[*callbacks, *hybrid_callbacks(**settings)])

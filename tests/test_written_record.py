@@ -159,8 +159,8 @@ def test_the_readmes_memory_figures_are_their_files():
     run = json.loads((RESULTS / "gpu" / "2026-11-26-h100-2" / "mechanics.json").read_text())["outer_memory"]
     readme = README.read_text()
     on_host = run["state_on_host"]["copies_above_plain"]
-    assert f"({on_host:.2f} copies on an H100's device:\n  `gpu/2026-11-26-h100-2`)" in readme
-    assert round(run["outer_norm_restart"]["copies_above_plain"]) == 3 and "(3 parameter copies;" in readme
+    assert f"({on_host:.2f} copies on the device:\n  `gpu/2026-11-26-h100-2`)" in readme
+    assert round(run["outer_norm_restart"]["copies_above_plain"]) == 3 and "(3 parameter copies on an H100's" in readme
 
 
 def test_the_records_prose_on_the_gpu_runs_data_is_its_files():
@@ -189,3 +189,24 @@ def test_a_timed_command_is_kept_with_where_and_when_it_ran(tmp_path):
     with pytest.raises(SystemExit, match="name='made-up' is not one of"):
         footprint.measure("made-up", ["true"], path=kept)
     assert footprint.duration(47) == "47 s" and footprint.duration(294.5) == "4 min 54 s"
+
+
+def test_the_prose_on_warm_up_and_on_the_capture_buffer_is_its_files():
+    """How it works quotes what jumping through a learning-rate warm-up cost (each seed's backward passes to plain's
+    loss against waiting) and the peak RSS of the per-step capture at batch 8 and 32: each from its file."""
+    from benchmarks.harness import RESULTS
+
+    def backward(kind: str) -> list[float]:
+        runs = json.loads((RESULTS / "lr_warmup" / f"char_gpt_1000steps_warmup250_{kind}.json").read_text())
+        return [seed["to_target"]["backward"]["hybrid"] for seed in runs["seeds"]]
+
+    cost = [100 * (jumped / waited - 1) for jumped, waited in zip(backward("default"), backward("waits"), strict=True)]
+    prose = " ".join((README.parent / "docs" / "how-it-works.md").read_text().split())
+    assert f"{min(cost):.1f}-{max(cost):.1f}% of its backward passes to plain's loss against waiting" in prose
+    copies = []
+    for folder, size in (("cpu_1thread", "25M"), ("overheads_batch32", "25M_batch32")):
+        memory = json.loads((RESULTS / folder / "overheads.json").read_text())["sizes"][size]["memory"]
+        for mode in ("linear_tracking_per_step", "linear_predicting_per_step"):
+            copies.append(memory["in_parameter_copies"][mode]["peak_rss_growth_bytes"])
+    said = "{:.2f} and {:.2f} copies above plain at batch 8, {:.2f} and {:.2f} at batch 32".format(*copies)
+    assert said in prose

@@ -7,7 +7,7 @@ from typing import Any
 from lightning.pytorch.callbacks import Callback
 
 from lightning_hybrid.callbacks.bandit import HorizonBandit
-from lightning_hybrid.callbacks.base import HybridComponent
+from lightning_hybrid.callbacks.base import HybridComponent, find_scheduler
 from lightning_hybrid.callbacks.checkpoint_flag import is_unverified_checkpoint
 from lightning_hybrid.callbacks.corrector import ResidualCorrector
 from lightning_hybrid.callbacks.memory import VRAMLogger
@@ -15,7 +15,7 @@ from lightning_hybrid.callbacks.monitor import DivergenceMonitor
 from lightning_hybrid.callbacks.predictor import DynamicsPredictor
 from lightning_hybrid.callbacks.progress import HybridProgressBar
 from lightning_hybrid.callbacks.routing import SETTING_OWNERS
-from lightning_hybrid.callbacks.scheduler import HybridScheduler, find_scheduler
+from lightning_hybrid.callbacks.scheduler import HybridScheduler
 from lightning_hybrid.predictors import AnyPredictor
 from lightning_hybrid.validation import check_optional_bool
 

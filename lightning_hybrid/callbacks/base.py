@@ -110,12 +110,18 @@ class HybridComponent(Callback):
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if stage == "fit" and not any(getattr(cb, "runs_the_plugin", False) for cb in trainer.callbacks):
+        if stage == "fit" and find_scheduler(trainer) is None:
             raise MisconfigurationException(
                 f"{type(self).__name__} is a component of the HybridScheduler callback, which runs it; add "
                 "`HybridScheduler()` (from lightning_hybrid) to the Trainer's callbacks, or use it alone: it brings "
                 "the components its mode needs."
             )
+
+
+def find_scheduler(trainer: pl.Trainer) -> Any:
+    """The trainer's ``HybridScheduler`` (known by its marker: it builds on this module), or ``None`` for a plain
+    run."""
+    return next((cb for cb in trainer.callbacks if getattr(cb, "runs_the_plugin", False)), None)
 
 
 class HostComponent(HybridComponent):

@@ -12,7 +12,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
-from lightning_hybrid.callbacks.scheduler import find_scheduler
+from lightning_hybrid.callbacks.base import find_scheduler
 from lightning_hybrid.validation import check_int
 
 MIB = 2**20

@@ -20,6 +20,7 @@ from lightning_hybrid.callbacks.checkpoint_flag import UNVERIFIED, say_resuming,
 from lightning_hybrid.callbacks.messages import info, warn
 from lightning_hybrid.callbacks.monitor import DivergenceMonitor
 from lightning_hybrid.callbacks.predictor import DynamicsPredictor
+from lightning_hybrid.callbacks.progress import hide_progress, show_progress
 from lightning_hybrid.callbacks.resumable import say_unresumable
 from lightning_hybrid.callbacks.routing import DEFAULT_RULE, SchedulerSettings
 from lightning_hybrid.callbacks.scalars import log_step, log_unverified, logging_step, write_summary
@@ -128,8 +129,11 @@ class HybridScheduler(HybridComponent):
         warn_ignored(family, self.predictor.name, self.config, self.monitor.divergence, self.told_ignored)
         self.engine.connect(parts)
         trainer.strategy.attach_step_handler(self.engine)
+        show_progress(trainer, self)
 
-    def _give_back_strategy(self) -> None:
+    def _release(self, trainer: pl.Trainer) -> None:
+        """The fit is over, however it ended: the strategy and the progress bar are as the user made them."""
+        hide_progress(trainer)
         if self._strategy is not None:
             give_back(self._strategy, self._strategy_class)
         self._strategy = self._strategy_class = None
@@ -259,12 +263,11 @@ class HybridScheduler(HybridComponent):
             hook.remove()
         self._hooks = []
         if stage == "fit":
-            self._give_back_strategy()
+            self._release(trainer)
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        """A fit that failed tears its callbacks down only in part: the user's strategy gets its own class back."""
-        self._give_back_strategy()
+        self._release(trainer)  # a fit that failed tears its callbacks down only in part
 
     def summary(self, trainer: pl.Trainer | None = None) -> dict[str, Any]:
         """Whole-run numbers, as written to ``hybrid_summary.json``; with ``trainer``, also what its other
@@ -293,8 +296,3 @@ class HybridScheduler(HybridComponent):
         if version == 1:
             state = self.engine.migrate_v1(state)
         return {UNVERIFIED: False, **state}  # version 2 kept the flag at the checkpoint's top level
-
-
-def find_scheduler(trainer: pl.Trainer) -> HybridScheduler | None:
-    """The trainer's :class:`HybridScheduler`, or ``None`` for a plain run."""
-    return next((cb for cb in trainer.callbacks if isinstance(cb, HybridScheduler)), None)
