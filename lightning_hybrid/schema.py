@@ -7,6 +7,7 @@ schemas cannot drift from the code. Range checks stay with the components, which
 
 from __future__ import annotations
 
+import copy
 import inspect
 import types
 import typing
@@ -14,8 +15,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import field, fields, make_dataclass
 from typing import Any
 
+import hydra.utils
 from hydra.core.config_store import ConfigStore
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lightning_hybrid.callbacks import SETTING_OWNERS, hybrid_callbacks
 from lightning_hybrid.predictors import PREDICTORS
@@ -89,6 +91,29 @@ def changed_settings(settings: dict[str, Any]) -> dict[str, Any]:
     user set (the app's config holds every setting, each at its default where the user set none)."""
     defaults = {name: default for name, _, default in hybrid_arguments()}
     return {name: value for name, value in settings.items() if name not in defaults or value != defaults[name]}
+
+
+def read_by_its_mode(cfg: DictConfig) -> DictConfig:
+    """``cfg`` without the ``hybrid`` settings its predictor's mode does not read and the user left at their
+    defaults: what the run's dumped ``config.yaml`` holds (every setting is in ``docs/settings.md``; one the user
+    set stays, and was warned about)."""
+    from lightning_hybrid.callbacks.routing import owned_settings, reads
+    from lightning_hybrid.engine import family_of
+
+    family = family_of(hydra.utils.get_class(cfg.predictor._target_))
+    owners = {name: owner for owner, names in owned_settings().items() for name in names}
+    set_by_user = changed_settings(OmegaConf.to_container(cfg.hybrid))
+    unread = [
+        name
+        for name in setting_names(HybridSettings)
+        if name not in set_by_user
+        and not (family.chooses_horizons if name == "bandit" else reads(family, owners[name], name))
+    ]
+    trimmed = copy.deepcopy(cfg)
+    with open_dict(trimmed.hybrid):
+        for name in unread:
+            del trimmed.hybrid[name]
+    return trimmed
 
 
 PREDICTOR_SETTINGS = {

@@ -22,11 +22,11 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from lightning_hybrid.overrides import CONFIG_MODULE, misplaced
 from lightning_hybrid.runner import SettingError, run
-from lightning_hybrid.schema import register_configs
+from lightning_hybrid.schema import read_by_its_mode, register_configs
 
 HYDRAS_FILES = (".hydra", "train.log")  # what Hydra writes into a run's folder before the run starts
 
@@ -37,6 +37,7 @@ register_configs()
 def _app(cfg: DictConfig) -> float | None:
     _through_hydras_logging("lightning", "lightning.pytorch")
     _without_lightnings_asides()
+    _dump_what_the_mode_reads(cfg)
     try:
         return run(cfg)
     except SettingError as err:
@@ -45,6 +46,21 @@ def _app(cfg: DictConfig) -> float | None:
             raise
         _remove_unused(Path(hydra_cfg.runtime.output_dir))
         sys.exit(f"lightning-hybrid-train: {err}")
+
+
+def _dump_what_the_mode_reads(cfg: DictConfig) -> None:
+    """Hydra's ``config.yaml`` of the run, with only the ``hybrid`` settings its mode reads
+    (:func:`~lightning_hybrid.schema.read_by_its_mode`); a config whose predictor names no registered family stays
+    whole."""
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.output_subdir is None:
+        return
+    try:
+        trimmed = read_by_its_mode(cfg)
+    except (ValueError, ImportError, AttributeError):
+        return
+    dumped = Path(hydra_cfg.runtime.output_dir) / hydra_cfg.output_subdir / "config.yaml"
+    dumped.write_text(OmegaConf.to_yaml(trimmed))
 
 
 def _remove_unused(folder: Path) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from lightning_hybrid import DivergenceMonitor, DynamicsPredictor, HorizonBandit, HybridScheduler, hybrid_callbacks
@@ -61,8 +62,7 @@ def test_compare_runs_plain_and_hybrid_with_the_same_seed(tmp_path, caplog):
     steps = [v[0] for v in plain["validations"]]
     assert steps and steps == [v[0] for v in hybrid["validations"]]  # inside fit, every trainer.val_check_interval
     assert (
-        f"validated every 6 steps, 2 times inside each fit on 1 batch, at steps {', '.join(map(str, steps))}: "
-        in table
+        f"validated every 6 steps, 2 times inside each fit on 1 batch, at steps {', '.join(map(str, steps))}: " in table
     )
     assert hybrid["mode"] == "per-step" and set(hybrid["counts"]) == {
         "backward_skipped_pct",
@@ -342,6 +342,9 @@ def test_the_console_scripts_compare_writes_its_table_and_summary_to_the_runs_lo
     assert said in log  # Lightning's messages reach it too
     assert log.count("hybrid (jumps, outer)") == 1
     assert (tmp_path / "compare.png").exists()
+    dumped = OmegaConf.load(tmp_path / ".hydra" / "config.yaml").hybrid  # only what the default rule reads
+    assert dumped.full_steps == 3 and dumped.warmup_steps == 3 and "z_threshold" in dumped
+    assert not {"max_predict_steps", "confidence_threshold", "max_residuals", "bandit"} & set(dumped)
 
 
 def test_multirun_writes_one_folder_per_job(tmp_path):
@@ -355,6 +358,8 @@ def test_multirun_writes_one_folder_per_job(tmp_path):
         for job in jobs
     ]
     assert skipped[0] > 0 and skipped[1] == 0  # each job got its own threshold
+    dumped = OmegaConf.load(sweep / "0" / ".hydra" / "config.yaml").hybrid  # the per-step mode reads these
+    assert dumped.confidence_threshold == 0.0 and {"max_predict_steps", "max_residuals", "bandit"} <= set(dumped)
 
 
 @pytest.mark.slow
@@ -462,9 +467,7 @@ def test_compare_validates_ten_times_a_run_and_under_a_new_load_its_headline_res
     result = json.loads((tmp_path / "compare.json").read_text())
     assert [v[0] for v in result["plain"]["validations"]] == list(range(2, 21, 2))  # 10 times inside fit
     assert result["plain"]["val_seconds"] > 0 and "validation, wall (seconds)" in caplog.text
-    assert re.search(
-        r"validated every 2 steps, 10 times inside each fit on 1 batch, .*: \d+% of training", caplog.text
-    )
+    assert re.search(r"validated every 2 steps, 10 times inside each fit on 1 batch, .*: \d+% of training", caplog.text)
     assert result["hybrid"]["counts"]["jumps_made"] >= 1  # the halves trained differently: the load is what's said
     said = r"the hybrid run took .*\(step \d+\), and its loss at equal steps was .*; its .* met another load \(CPU"
     assert re.search(said, caplog.text), caplog.text[-2000:]
