@@ -8,10 +8,21 @@ from typing import Any
 import lightning as L
 import torch
 
-from lightning_hybrid import Phase
-from tests.helpers import RegressionModel, flat_params, hybrid_trainer, loader, scheduler_of
+from lightning_hybrid import Phase, hybrid_callbacks
+from tests.helpers import (
+    DEFAULT_JUMPING,
+    FAST,
+    RULE_PHASES,
+    RegressionModel,
+    flat_params,
+    hybrid_trainer,
+    loader,
+    scheduler_of,
+)
 
 STEPS = 500
+# the suite's two modes: the default rule (`outer` with its guards), jumping on short cycles, and the per-step mode
+MODES = {"default": {"predictor": "outer", **RULE_PHASES, **DEFAULT_JUMPING}, "per-step": FAST}
 
 
 class FaultyModel(RegressionModel):
@@ -54,12 +65,19 @@ class FiniteWatch(L.Callback):
 
 
 def train(
-    faults: dict | None = None, settings: dict | None = None, hybrid: list | None = None, steps: int = STEPS
+    faults: dict | None = None,
+    settings: dict | None = None,
+    hybrid: list | None = None,
+    steps: int = STEPS,
+    mode: str = "per-step",
+    model: FaultyModel | None = None,
 ) -> tuple[FaultyModel, L.Trainer, FiniteWatch, float]:
-    """One run; returns the model, trainer, watch and final validation loss."""
+    """One run of ``mode`` (``MODES``; ``settings`` on top, or the callbacks ``hybrid``); returns the model, trainer,
+    watch and final validation loss."""
     watch = FiniteWatch()
-    trainer, _ = hybrid_trainer(steps, settings=settings, hybrid=hybrid, extra_callbacks=[watch], logger=False)
-    model = FaultyModel(faults, scheduler=True)  # a decaying LR: runs converge, so a transient fault can heal
+    hybrid = hybrid if hybrid is not None else hybrid_callbacks(**{**MODES[mode], **(settings or {})})
+    trainer, _ = hybrid_trainer(steps, hybrid=hybrid, extra_callbacks=[watch], logger=False)
+    model = model or FaultyModel(faults, scheduler=True)  # a decaying LR: runs converge, so a transient fault heals
     trainer.fit(model, loader())
     val = trainer.validate(model, loader(128, seed=2), verbose=False)[0]["val_loss"]
     return model, trainer, watch, float(val)

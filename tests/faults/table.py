@@ -10,15 +10,18 @@ import xml.etree.ElementTree as ET
 
 
 def table(junit_xml: str) -> str:
-    rows = ["| fault | where | result | outcome |", "|---|---|---|---|"]
+    """One row a recorded case, the default's first, each mode's in the order they ran."""
+    rows = []
     for case in ET.parse(junit_xml).getroot().iter("testcase"):
         props = {p.get("name"): p.get("value") for p in case.iter("property")}
         if "fault" not in props:
             continue
         failed = case.find("failure") is not None or case.find("error") is not None
         result = "FAILED" if failed else "skipped" if case.find("skipped") is not None else "passed"
-        rows.append(f"| {props['fault']} | {props['where']} | {result} | {props['outcome']} |")
-    return "\n".join(rows)
+        mode = props.get("mode", "per-step")
+        rows.append(f"| {mode} | {props['fault']} | {props['where']} | {result} | {props['outcome']} |")
+    rows.sort(key=lambda row: not row.startswith("| default |"))
+    return "\n".join(["| mode | fault | where | result | outcome |", "|---|---|---|---|---|", *rows])
 
 
 if __name__ == "__main__":

@@ -10,57 +10,141 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 
-from lightning_hybrid import DivergenceMonitor, DynamicsPredictor, HybridScheduler, Phase, ResidualCorrector
+from lightning_hybrid import (
+    DivergenceMonitor,
+    DynamicsPredictor,
+    HybridScheduler,
+    Phase,
+    ResidualCorrector,
+    hybrid_callbacks,
+)
 from lightning_hybrid.predictors import LinearPredictor, Plan
-from tests.faults.common import FaultyModel, FiniteWatch, train
-from tests.helpers import FAST_PHASES, flat_params, hybrid_trainer, loader, scheduler_of
+from tests.faults.common import MODES, FaultyModel, FiniteWatch, train
+from tests.helpers import FAST_PHASES, RegressionModel, flat_params, hybrid_trainer, loader, scheduler_of
 
 REFERENCE: dict[str, float] = {}
+MODE_NAMES = sorted(MODES)  # "default" (the `outer` rule, jumping on short cycles) and "per-step"
+PER_STEP_PHASES = [("per-step", Phase.PREDICT), ("per-step", Phase.CORRECT)]
 
 
-def reference_val() -> float:
-    if "val" not in REFERENCE:
-        REFERENCE["val"] = train()[3]
-    return REFERENCE["val"]
+def reference_val(mode: str = "per-step") -> float:
+    if mode not in REFERENCE:
+        REFERENCE[mode] = train(mode=mode)[3]
+    return REFERENCE[mode]
 
 
-def _record(record_property, fault: str, where: str, outcome: str) -> None:
+def _record(record_property, fault: str, where: str, outcome: str, mode: str = "per-step") -> None:
     record_property("fault", fault)
     record_property("where", where)
     record_property("outcome", outcome)
+    record_property("mode", mode)
+
+
+def _caught(trainer) -> str:
+    """What a mode did about a fault: the jumps undone or segments rolled back, and the steps skipped."""
+    s = scheduler_of(trainer).summary()
+    undone = f"{s['jumps_undone']} jump(s) undone" if "jumps_made" in s else f"{s['rollbacks']} rollback(s)"
+    return f"{undone}, {s['nonfinite_steps_skipped'] + s['outlier_steps_skipped']} step(s) skipped"
 
 
 @pytest.mark.parametrize("kind", ["nan", "inf"])
-@pytest.mark.parametrize("phase", [Phase.FULL, Phase.PREDICT, Phase.CORRECT])
-def test_nonfinite_loss(record_property, kind, phase):
-    model, trainer, watch, val = train({(phase, 3): kind})
+@pytest.mark.parametrize(("mode", "phase"), [(m, Phase.FULL) for m in MODE_NAMES] + PER_STEP_PHASES)
+def test_nonfinite_loss(record_property, kind, mode, phase):
+    model, trainer, watch, val = train({(phase, 3): kind}, mode=mode)
     counters = scheduler_of(trainer).counters
     assert model.injected and model.injected[0][1] is phase
     assert watch.steps == trainer.global_step and watch.all_finite
-    ratio = val / reference_val()
+    ratio = val / reference_val(mode)
     assert ratio < 1.02, ratio
-    caught = f"{counters.rollbacks} rollback(s), {counters.nonfinite_steps_skipped} step(s) skipped"
     assert counters.rollbacks + counters.nonfinite_steps_skipped >= 1
     where = "predicted-step forward check" if phase is Phase.PREDICT else f"{phase.label} step"
     fault = {"nan": "NaN", "inf": "Inf"}[kind] + " loss"
-    _record(record_property, fault, where, f"{caught}; final val loss {ratio:.4f}x the clean run")
+    _record(record_property, fault, where, f"{_caught(trainer)}; final val loss {ratio:.4f}x the clean run", mode)
 
 
+@pytest.mark.parametrize("mode", MODE_NAMES)
 @pytest.mark.parametrize("kind", ["spike", "explosion"])
-def test_loss_spike_and_gradient_explosion(record_property, kind):
-    model, trainer, watch, val = train({(Phase.FULL, 30): kind})  # once the gradient statistics are warm
+def test_loss_spike_and_gradient_explosion(record_property, kind, mode):
+    model, trainer, watch, val = train({(Phase.FULL, 30): kind}, mode=mode)  # once the gradient statistics are warm
     counters = scheduler_of(trainer).counters
     assert model.injected and watch.all_finite
-    ratio = val / reference_val()
+    ratio = val / reference_val(mode)
     assert ratio < 1.02, ratio
     assert counters.outlier_steps_skipped == (kind == "explosion")  # a x10 spike is still training
     fault = "loss spike (x10)" if kind == "spike" else "gradient explosion (loss x1e6)"
-    skipped = counters.nonfinite_steps_skipped + counters.outlier_steps_skipped
-    outcome = f"{skipped} step(s) skipped; final val loss {ratio:.4f}x the clean run"
-    _record(record_property, fault, "full step", outcome)
+    _record(record_property, fault, "full step", f"{_caught(trainer)}; final val loss {ratio:.4f}x the clean run", mode)
+
+
+class AtSteps(RegressionModel):
+    """Injects ``at[global_step]`` into the step that starts at that global step: a ``nan`` or ``inf`` loss, or an
+    ``explosion`` (the loss, hence the gradients, x1e6)."""
+
+    def __init__(self, at: dict[int, str]) -> None:
+        super().__init__(scheduler=True)
+        self.at, self.injected = at, []
+
+    def training_step(self, batch, batch_idx):
+        kind = self.at.get(self.trainer.global_step)
+        if kind is not None:
+            self.injected.append(self.trainer.global_step)
+        loss = super().training_step(batch, batch_idx)
+        return loss * {"nan": math.nan, "inf": math.inf, "explosion": 1e6}.get(kind, 1.0)
+
+
+class Jumps(L.Callback):
+    """The global steps after which the default rule jumped, kept a jump and undid one."""
+
+    def __init__(self) -> None:
+        self.made: list[int] = []
+        self.kept: list[int] = []
+        self.undone: list[int] = []
+
+    def on_train_batch_end(self, trainer, pl_module, *args):
+        summary = scheduler_of(trainer).summary()
+        for seen, key in ((self.made, "jumps_made"), (self.kept, "jumps_kept"), (self.undone, "jumps_undone")):
+            if summary[key] > len(seen):
+                seen.append(trainer.global_step)
+
+
+def _jumps(model: L.LightningModule) -> tuple[Jumps, L.Trainer, FiniteWatch]:
+    jumps, watch = Jumps(), FiniteWatch()
+    hybrid = hybrid_callbacks(**MODES["default"])
+    trainer, _ = hybrid_trainer(STEPS_AROUND, hybrid=hybrid, extra_callbacks=[jumps, watch], logger=False)
+    trainer.fit(model, loader())
+    return jumps, trainer, watch
+
+
+STEPS_AROUND = 120  # a few cycles past the first jumps
+
+
+@pytest.mark.parametrize("kind", ["nan", "inf", "explosion"])
+@pytest.mark.parametrize("where", ["the first step after a jump", "inside the jump's verdict window"])
+def test_a_fault_right_after_a_jump_is_skipped_and_the_jump_judged_by_the_steps_that_stay(record_property, kind, where):
+    """The default's own window: a non-finite loss or an exploding gradient on the first step after a jump, or
+    inside the window whose losses judge it. The run finishes and no non-finite value reaches the weights; the
+    faulty step's update is skipped (counted); the jump gets the verdict the clean run gave it (the skipped step's
+    loss is no evidence for or against it), and every jump is judged by the end of fit."""
+    clean = _jumps(RegressionModel(scheduler=True))[0]
+    jumped = clean.made[1]  # the second jump: the gradient statistics are warm
+    full, window = MODES["default"]["full_steps"], MODES["default"]["verify_window"]
+    verdict = jumped + full - 1  # the step after which the jump is kept, or undone
+    at = jumped if where.startswith("the first") else verdict - window + 1
+    model = AtSteps({at: kind})
+    jumps, trainer, watch = _jumps(model)
+    summary = scheduler_of(trainer).summary()
+    assert model.injected == [at] and watch.all_finite and watch.steps == STEPS_AROUND
+    assert summary["nonfinite_steps_skipped"] + summary["outlier_steps_skipped"] == 1
+    assert (verdict in jumps.kept, verdict in jumps.undone) == (verdict in clean.kept, verdict in clean.undone)
+    assert (verdict in jumps.kept) != (verdict in jumps.undone)  # judged, one way
+    assert summary["jumps_made"] == summary["jumps_kept"] + summary["jumps_undone"]
+    fault = {"nan": "NaN loss", "inf": "Inf loss", "explosion": "gradient explosion (loss x1e6)"}[kind]
+    judged = "kept" if verdict in jumps.kept else "undone"
+    outcome = f"{_caught(trainer)}; the jump {judged}, as in the clean run; {summary['jumps_kept']} of "
+    _record(record_property, fault, where, outcome + f"{summary['jumps_made']} jumps kept", "default")
 
 
 class Garbage(LinearPredictor):
@@ -104,10 +188,10 @@ def test_garbage_predictor_is_caught_and_prediction_switched_off(record_property
     _record(record_property, f"predictor returns {what}", "plan", outcome)
 
 
-@pytest.mark.parametrize("phase", [Phase.FULL, Phase.PREDICT])
-def test_corrupted_batch_raises_the_users_error_and_leaves_state_whole(record_property, phase):
+@pytest.mark.parametrize(("mode", "phase"), [(m, Phase.FULL) for m in MODE_NAMES] + PER_STEP_PHASES[:1])
+def test_corrupted_batch_raises_the_users_error_and_leaves_state_whole(record_property, mode, phase):
     watch = FiniteWatch()
-    trainer, _ = hybrid_trainer(60, extra_callbacks=[watch], logger=False)
+    trainer, _ = hybrid_trainer(60, hybrid=hybrid_callbacks(**MODES[mode]), extra_callbacks=[watch], logger=False)
     model = FaultyModel({(phase, 3): "corrupt"})
     with pytest.raises(RuntimeError, match="dtype") as err:
         trainer.fit(model, loader())
@@ -115,21 +199,24 @@ def test_corrupted_batch_raises_the_users_error_and_leaves_state_whole(record_pr
     assert scheduler.counters.steps_total == watch.steps == trainer.global_step  # the failed step counted nowhere
     assert torch.equal(torch.cat([p.detach().flatten() for p in model.parameters()]), watch.last)
     message = str(err.value).splitlines()[0]
-    _record(record_property, "corrupted batch (wrong dtype)", f"{phase.label} step", f"the model's error: {message}")
+    _record(
+        record_property, "corrupted batch (wrong dtype)", f"{phase.label} step", f"the model's error: {message}", mode
+    )
 
 
-def _checkpoint(tmp_path):
+def _checkpoint(tmp_path, mode: str):
     """A checkpoint taken mid-run (step 20), and a Trainer that resumes from it."""
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     ckpt = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=20, save_top_k=-1, filename="{step}")
-    trainer, _ = hybrid_trainer(20, extra_callbacks=[ckpt], logger=False, enable_checkpointing=True)
+    hybrid = hybrid_callbacks(**MODES[mode])
+    trainer, _ = hybrid_trainer(20, hybrid=hybrid, extra_callbacks=[ckpt], logger=False, enable_checkpointing=True)
     trainer.fit(FaultyModel(), loader())
     return tmp_path / "step=20.ckpt"
 
 
-def _resume(path):
-    trainer, _ = hybrid_trainer(30, logger=False)
+def _resume(path, mode: str):
+    trainer, _ = hybrid_trainer(30, hybrid=hybrid_callbacks(**MODES[mode]), logger=False)
     trainer.fit(FaultyModel(), loader(), ckpt_path=path)
 
 
@@ -140,9 +227,10 @@ def _edit_scheduler_state(path, edit):
     torch.save(checkpoint, path)
 
 
+@pytest.mark.parametrize("mode", MODE_NAMES)
 @pytest.mark.parametrize("damage", ["version from the future", "missing key", "truncated file"])
-def test_damaged_checkpoint_fails_with_a_clear_error(record_property, tmp_path, damage):
-    path = _checkpoint(tmp_path)
+def test_damaged_checkpoint_fails_with_a_clear_error(record_property, tmp_path, damage, mode):
+    path = _checkpoint(tmp_path, mode)
     if damage == "version from the future":
         _edit_scheduler_state(path, lambda state: state.update(version=99))
         expected = "HybridScheduler: the checkpoint's state has version 99"
@@ -153,9 +241,9 @@ def test_damaged_checkpoint_fails_with_a_clear_error(record_property, tmp_path, 
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
         expected = "Cannot read the checkpoint .* truncated, damaged or not a checkpoint"
     with pytest.raises((ValueError, RuntimeError), match=expected) as err:
-        _resume(path)
+        _resume(path, mode)
     message = str(err.value).split(";")[0].replace(str(tmp_path), "<dir>")  # no machine paths in the report
-    _record(record_property, f"checkpoint: {damage}", "resume", "refused: " + message)
+    _record(record_property, f"checkpoint: {damage}", "resume", "refused: " + message, mode)
 
 
 @pytest.mark.slow
