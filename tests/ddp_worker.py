@@ -74,12 +74,11 @@ USER_MODULES = {
 }
 
 
-# strategies a user chose, beside which the plugin runs as one callback: Lightning's DDP, Lightning's FSDP2 on a
-# module that shards itself, and the package's plain FSDP2 standing for a user's own ModelParallelStrategy
+# strategies a user chose, beside which the plugin runs as one callback: Lightning's DDP, and Lightning's FSDP2 on
+# a module that shards itself
 USERS = {
     "user-ddp": partial(DDPStrategy, process_group_backend="gloo"),
     "user-fsdp2": partial(ModelParallelStrategy, data_parallel_size=2, tensor_parallel_size=1),
-    "user-plain-fsdp": partial(FullyShardedStrategy, process_group_backend="gloo"),
 }
 
 

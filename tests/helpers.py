@@ -522,10 +522,10 @@ DISTRIBUTED = {
     # the demos' loader resumes alike under any strategy (its own test shows each rank's shard resuming)
     **{f"save-gpt2-{s}-shuffled": ("gpt2", s, "save-midepoch", "shuffled") for s in ("ddp", "fsdp")},
     "save-gpt2-ddp-resumable": ("gpt2", "ddp", "save-midepoch", "resumable"),
-    # the plugin as one callback beside strategies a user chose: Lightning's DDP and FSDP2, and the package's plain
-    # FSDP2 standing for a user's own; the default rule and gpa, each resumed from its second checkpoint
-    **{f"save-alone-{s}": ("alone", s, "save") for s in ("user-ddp", "user-fsdp2", "user-plain-fsdp")},
-    "save-alone_gpa-user-ddp": ("alone_gpa", "user-ddp", "save"),
+    # the plugin as one callback beside strategies a user chose, Lightning's DDP and FSDP2 (ModelParallelStrategy),
+    # the default rule resumed from its second checkpoint; gpa beside Lightning's DDP
+    **{f"save-alone-{s}": ("alone", s, "save") for s in ("user-ddp", "user-fsdp2")},
+    "alone_gpa-user-ddp": ("alone_gpa", "user-ddp", ""),
 }
 
 

@@ -14,7 +14,13 @@ import sys
 import lightning as L
 import pytest
 import torch
-from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, SingleDeviceStrategy
+from lightning.pytorch.strategies import (
+    DDPStrategy,
+    DeepSpeedStrategy,
+    FSDPStrategy,
+    ModelParallelStrategy,
+    SingleDeviceStrategy,
+)
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lightning_hybrid import (
@@ -129,6 +135,10 @@ def test_what_one_callback_cannot_serve_is_refused_by_name_before_training():
         adopt(DeepSpeedStrategy.__new__(DeepSpeedStrategy))  # refused before it is touched (DeepSpeed not needed)
     with pytest.raises(MisconfigurationException, match=r"beside FSDPStrategy: .* rank 0's callbacks only"):
         adopt(FSDPStrategy())
+    whole = ModelParallelStrategy(save_distributed_checkpoint=False)
+    with pytest.raises(MisconfigurationException, match=r"ModelParallelStrategy\(save_distributed_checkpoint=False\)"):
+        adopt(whole)
+    assert type(whole) is ModelParallelStrategy  # refused before it is touched
     trainer = _users_trainer([HybridScheduler(z_threshold=2.0), DivergenceMonitor()])
     with pytest.raises(MisconfigurationException, match=r"given \['z_threshold'\].*also lists a DivergenceMonitor"):
         trainer.fit(RegressionModel(), loader())
