@@ -72,8 +72,8 @@ def give_back(strategy: Any, own: type | None) -> None:
         del plugin["clip_gradients"]
 
 
-def what_it_goes_without(trainer: Any) -> str | None:
-    """The one thing a fit beside the user's strategy goes without, where it has it: a shuffled
+def what_it_goes_without(trainer: Any, own: type) -> str | None:
+    """The one thing a fit beside the user's strategy (``own``: its class) goes without, where it has it: a shuffled
     ``StatefulDataLoader`` on several ranks keeps Lightning's sampler wrapper (:mod:`~lightning_hybrid.samplers`)."""
     if trainer.world_size == 1:
         return None
@@ -81,7 +81,7 @@ def what_it_goes_without(trainer: Any) -> str | None:
     if all(one_permutation(loader) is loader for loader in loaders):
         return None
     return (
-        f"hybrid: beside {type(trainer.strategy).__name__}, the shuffled StatefulDataLoader keeps Lightning's sampler "
+        f"hybrid: beside {own.__name__}, the shuffled StatefulDataLoader keeps Lightning's sampler "
         "wrapper, whose ranks draw their own orders (shards can overlap, a mid-epoch resume draws anew); "
         "strategy='hybrid_ddp' or 'hybrid_fsdp' gives it one permutation, sharded, that resumes exactly."
     )

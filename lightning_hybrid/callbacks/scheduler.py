@@ -172,7 +172,7 @@ class HybridScheduler(HybridComponent):
         pre, post = self._before_optimizer_step, self._after_optimizer_step
         self._hooks = [h for o in optimizers for h in (o.register_step_pre_hook(pre), o.register_step_post_hook(post))]
         write_layout(trainer, self.engine.family.mode)
-        if self._strategy_class is not None and (without := what_it_goes_without(trainer)) is not None:
+        if self._strategy_class and (without := what_it_goes_without(trainer, self._strategy_class)) is not None:
             warn(without)
         self._in_step = False
 
