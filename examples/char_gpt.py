@@ -1,7 +1,7 @@
 """Character-level GPT on the Python standard library's own source, trained with hybrid predictive training.
 
 The model and data (``lightning_hybrid.demos.char_gpt``) are ordinary Lightning code; hybrid training is the
-strategy and the callbacks given to the Trainer. Nothing is downloaded.
+callbacks given to the Trainer, and the hybrid strategy the per-step predictors need. Nothing is downloaded.
 
     python -m examples.char_gpt                   # the default rule, outer; prints the hybrid summary
     python -m examples.char_gpt --plain           # the same run with plain Lightning, for comparison
