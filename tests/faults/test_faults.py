@@ -263,3 +263,61 @@ def test_sigkill_mid_predict_then_resume_matches_the_uninterrupted_run(record_pr
     assert torch.equal(resumed, reference)
     outcome = f"resumed from {last.name}; final weights bitwise equal to the uninterrupted run"
     _record(record_property, "process SIGKILLed mid-Predict", "predicted step", outcome)
+
+
+CYCLE_STEPS = 80  # 2 steps an epoch, a checkpoint at each epoch's end (plain Lightning resumes those bitwise)
+DEFAULT_SHORT = {**MODES["default"], "warmup_steps": 6}  # cycle ends at even steps: each point has a checkpoint
+POINTS = {  # a point of the default's cycle, known from a checkpoint's scheduler state (and the one before it)
+    "in the plugin's warm-up": lambda s, _: s["machine"]["phase"] == 0 and s["machine"]["phase_step"] > 0,
+    "just before a jump": lambda s, _: s["family"]["jump_due"],
+    "between a jump and its verdict": lambda s, _: s["family"]["pending"],
+    "right after an undo": lambda s, b: (
+        s["record"]["counters"]["jumps_rejected"] > b["record"]["counters"]["jumps_rejected"]
+    ),
+}
+
+
+def _cycle_run(root: Path, ckpt_path: Path | None = None):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    saving = ckpt_path is None
+    extra = [ModelCheckpoint(root / "ckpt", every_n_train_steps=2, save_top_k=-1, filename="{step}")] if saving else []
+    trainer, _ = hybrid_trainer(CYCLE_STEPS, hybrid=hybrid_callbacks(**DEFAULT_SHORT), extra_callbacks=extra,
+                                logger=False, enable_checkpointing=saving, default_root_dir=root)  # fmt: skip
+    model = RegressionModel(scheduler=True)
+    trainer.fit(model, loader(64, batch_size=32), ckpt_path=ckpt_path)
+    return flat_params(model), scheduler_of(trainer).summary()
+
+
+@pytest.fixture(scope="module")
+def cycle_run(tmp_path_factory):
+    """The uninterrupted run, with a checkpoint at every epoch's end, and the first checkpoint at each point."""
+    root = tmp_path_factory.mktemp("cycle")
+    params, summary = _cycle_run(root)
+    paths = sorted((root / "ckpt").glob("*.ckpt"), key=lambda p: int(p.stem.split("=")[1]))
+    states = [next(v for k, v in torch.load(p, weights_only=False)["callbacks"].items() if "HybridScheduler" in k)
+              for p in paths]  # fmt: skip
+    found = {}
+    for i, (path, state) in enumerate(zip(paths, states, strict=True)):
+        for point, at in POINTS.items():
+            if point not in found and i > 0 and at(state, states[i - 1]):
+                found[point] = path
+    return params, summary, found
+
+
+@pytest.mark.parametrize("point", list(POINTS))
+def test_the_default_killed_at_any_point_of_its_cycle_resumes_from_its_last_checkpoint_bitwise(
+    record_property, tmp_path, cycle_run, point
+):
+    """A process killed right after a checkpoint loses only what came after it: resumed from the checkpoint at each
+    point of the default's cycle, the run ends bitwise as the uninterrupted one, with the same jumps made, kept and
+    undone (a real SIGKILL, with no clean-up at all, is the per-step row's and the console's own test)."""
+    params, summary, found = cycle_run
+    assert point in found, f"no checkpoint {point} in {CYCLE_STEPS} steps"
+    resumed, resumed_summary = _cycle_run(tmp_path, ckpt_path=found[point])
+    assert torch.equal(resumed, params)
+    counts = ("jumps_made", "jumps_kept", "jumps_undone", "backward_passes", "steps_by_phase")
+    assert [resumed_summary[k] for k in counts] == [summary[k] for k in counts]
+    assert summary["jumps_undone"] >= 1 and summary["jumps_kept"] >= 1
+    outcome = f"resumed from {found[point].name}; final weights bitwise equal to the uninterrupted run"
+    _record(record_property, "process stopped right after a checkpoint", point, outcome, "default")
