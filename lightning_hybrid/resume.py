@@ -3,6 +3,7 @@ being resumed), and whether it can resume this run at all, checked before anythi
 
 from __future__ import annotations
 
+import logging
 import pickle
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,8 @@ import torch
 from torch import nn
 
 from lightning_hybrid.callbacks.base import STATE_VERSION
+
+log = logging.getLogger(__name__)
 
 LAST = "last"
 SCHEDULER = "HybridScheduler"  # the key of the hybrid state among a checkpoint's callbacks
@@ -37,6 +40,25 @@ def find_checkpoint(ckpt_path: str, label: str, run_dir: str | None, runs_dir: s
     return max(found, key=lambda p: p.stat().st_mtime)
 
 
+class Unreadable(ValueError):
+    """A file ``torch.load`` cannot read: truncated (a run killed while writing it), damaged, or no checkpoint."""
+
+
+def the_one_before(path: Path, model: nn.Module, hybrid: bool, why: Unreadable) -> Path:
+    """``ckpt_path=last`` found ``path`` unreadable (``why``), as a run killed while writing it leaves it: the newest
+    other checkpoint of its folder that this run can resume, said by name; ``why`` again where there is none."""
+    others = sorted((p for p in path.parent.glob("*.ckpt") if p != path), key=lambda p: (p.stat().st_mtime_ns, p.name))
+    for other in reversed(others):
+        try:
+            check_checkpoint(other, model, hybrid)
+        except ValueError:
+            continue
+        log.warning(f"ckpt_path=last: {why}; a run killed while writing it leaves it so: resuming from {other}, the "
+                    "newest checkpoint before it")  # fmt: skip
+        return other
+    raise why
+
+
 def check_checkpoint(path: Path, model: nn.Module, hybrid: bool) -> dict[str, Any]:
     """Load ``path`` safely (``weights_only=True``: no pickled code runs) and refuse, naming the path and what is
     wrong, a file that is not a Lightning checkpoint, one of another model, one of the other mode (plain or
@@ -47,10 +69,10 @@ def check_checkpoint(path: Path, model: nn.Module, hybrid: bool) -> dict[str, An
         first = str(err).splitlines()[0]
         if "Weights only load failed" in str(err):
             raise ValueError(f"{path}: refused: it holds objects only unpickling code could load ({first})") from err
-        raise ValueError(f"{path}: not a checkpoint ({first})") from err
+        raise Unreadable(f"{path}: not a checkpoint ({first})") from err
     except Exception as err:  # torch.load's readers fail on other files in many ways: say which file, and how
         first = str(err).splitlines()[0] if str(err) else ""
-        raise ValueError(f"{path}: not a checkpoint ({type(err).__name__}: {first})") from err
+        raise Unreadable(f"{path}: not a checkpoint ({type(err).__name__}: {first})") from err
     if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict):
         raise ValueError(f"{path}: not a Lightning checkpoint (it has no state_dict)")
     _check_weights(path, checkpoint["state_dict"], model.state_dict())

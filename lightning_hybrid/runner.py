@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from lightning_hybrid.callbacks import find_scheduler
 from lightning_hybrid.comparison import COUNTS, RunResult, comparison_table, plot_comparison
 from lightning_hybrid.meter import RunMeter
-from lightning_hybrid.resume import LAST, check_checkpoint, find_checkpoint
+from lightning_hybrid.resume import LAST, Unreadable, check_checkpoint, find_checkpoint, the_one_before
 from lightning_hybrid.schema import changed_settings
 from lightning_hybrid.validation import check_choice
 
@@ -109,7 +109,12 @@ def _checkpoint(cfg: DictConfig, label: str, run: Run) -> Path | None:
             "checkpoints; use ckpt_path=last (with run_dir=<the compare run's folder>)"
         )
     path = find_checkpoint(cfg.ckpt_path, label, cfg.get("run_dir"), cfg.paths.runs_dir, cfg.paths.output_dir)
-    check_checkpoint(path, run.model, hybrid=label == "hybrid")
+    try:
+        check_checkpoint(path, run.model, hybrid=label == "hybrid")
+    except Unreadable as why:
+        if cfg.ckpt_path != LAST:  # a file the user named: theirs to choose again
+            raise
+        path = the_one_before(path, run.model, label == "hybrid", why)
     return path
 
 

@@ -5,6 +5,7 @@ every checkpoint it cannot resume refused by name before anything trains."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -205,3 +206,25 @@ def test_a_killed_console_run_resumes_from_last_as_if_never_stopped(tmp_path, ca
     out = capfd.readouterr().out
     assert "resuming from" in out and "killed" in out
     _assert_same_end(tmp_path / "resumed", reference["linear"])
+
+
+def test_a_last_checkpoint_cut_short_is_refused_by_name_and_the_one_before_it_resumes(tmp_path, reference, caplog):
+    """A run killed while writing ``last.ckpt`` leaves it truncated: ``ckpt_path=last`` says so by name and resumes
+    from the newest checkpoint before it, and the run ends as the uninterrupted one. A truncated file named by the
+    user is refused (theirs to choose again)."""
+    killed = tmp_path / "killed" / "checkpoints" / "hybrid"
+    killed.mkdir(parents=True)
+    for step in range(1, 14):  # the run died while writing step 14's last.ckpt
+        shutil.copy2(reference["linear"] / "checkpoints" / "hybrid" / f"step_{step}.ckpt", killed)
+    last = reference["linear"] / "checkpoints" / "hybrid" / f"step_{14}.ckpt"
+    (killed / "last.ckpt").write_bytes(last.read_bytes()[: last.stat().st_size // 2])
+    with caplog.at_level(logging.WARNING):
+        _run(tmp_path / "resumed", "checkpoint_every=1", "ckpt_path=last", f"run_dir={tmp_path / 'killed'}")
+    said = f"ckpt_path=last: {killed / 'last.ckpt'}: not a checkpoint"
+    assert (
+        said in caplog.text
+        and f"resuming from {killed / 'step_13.ckpt'}, the newest checkpoint before it" in caplog.text
+    )
+    _assert_same_end(tmp_path / "resumed", reference["linear"])
+    with pytest.raises(ValueError, match=r"last\.ckpt: not a checkpoint"):
+        _run(tmp_path / "named", f"ckpt_path={killed / 'last.ckpt'}")
