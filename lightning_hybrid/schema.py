@@ -101,14 +101,10 @@ def read_by_its_mode(cfg: DictConfig) -> DictConfig:
     from lightning_hybrid.engine import family_of
 
     family = family_of(hydra.utils.get_class(cfg.predictor._target_))
-    owners = {name: owner for owner, names in owned_settings().items() for name in names}
+    # `bandit` (whether to bring the horizon bandit) is read where the bandit's own settings are
+    owners = {name: owner for owner, names in owned_settings().items() for name in names} | {"bandit": "bandit"}
     set_by_user = changed_settings(OmegaConf.to_container(cfg.hybrid))
-    unread = [
-        name
-        for name in setting_names(HybridSettings)
-        if name not in set_by_user
-        and not (family.chooses_horizons if name == "bandit" else reads(family, owners[name], name))
-    ]
+    unread = [n for n in setting_names(HybridSettings) if n not in set_by_user and not reads(family, owners[n], n)]
     trimmed = copy.deepcopy(cfg)
     with open_dict(trimmed.hybrid):
         for name in unread:

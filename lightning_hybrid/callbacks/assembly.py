@@ -4,7 +4,7 @@ their places among the Trainer's callbacks at setup."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import lightning.pytorch as pl
@@ -32,7 +32,7 @@ class Assembly:
     components: list[HybridComponent]
     given: dict[str, list[str]]
     rule_settings: dict[str, Any]
-    told_ignored: set[str] = field(default_factory=set)
+    told_ignored: set[str]
 
 
 def assemble(config: HybridConfig | None, predictor: Any, bandit: bool | None, settings: dict[str, Any]) -> Assembly:

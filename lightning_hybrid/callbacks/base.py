@@ -53,7 +53,7 @@ def _refusing(name: str, undo: Callable[[], None] | None = None) -> Iterator[Non
 
 
 class HybridComponent(Callback):
-    """Base of the hybrid callbacks; refuses to run a ``fit`` without a hybrid strategy.
+    """Base of the hybrid callbacks; refuses to run a ``fit`` without the ``HybridScheduler`` that runs them.
 
     Subclasses keep their checkpointed state in ``_state``/``_load``, and turn an earlier version's layout into
     this one in ``_migrate``. ``state_dict`` adds the version; ``load_state_dict`` refuses a state from a newer
