@@ -12,7 +12,8 @@ import torch
 from torch import Tensor
 
 from lightning_hybrid.offload import HostHeld, host_copies
-from lightning_hybrid.predictors.parameter_sums import cosine_terms, squares, state_fits
+from lightning_hybrid.predictors.outer_jump import JumpPlan, plan
+from lightning_hybrid.predictors.parameter_sums import cosine_terms, state_fits
 from lightning_hybrid.predictors.rules import TensorList, TrajectoryRule, load_into
 from lightning_hybrid.validation import check_bool, check_float, check_int, check_optional_bool
 
@@ -135,14 +136,13 @@ class OuterMomentum(TrajectoryRule):
         on_host = self.state_on_host
         if on_host is None:  # the default: on the device, unless it would crowd a CUDA device's memory
             on_host = bool(params) and not state_fits(params, sum(kept.values()))
-        self.held_on_host = on_host and any(kept.values())
+        held: dict[str, HostHeld] = {}  # everything allocated before any of it is kept: nothing half set up
         if on_host:  # allocated on the host: the device never holds them outside a cycle's end
-            self._held = {name: HostHeld(list(params)) for name, on in kept.items() if on}
-            self._b, self._jump = [], []
-        else:
-            self._b = [torch.zeros_like(p) for p in params] if kept["b"] else []
-            self._jump = [torch.zeros_like(p) for p in params] if kept["jump"] else []
-        self._set_up = True
+            held = {name: HostHeld(list(params)) for name, on in kept.items() if on}
+        on_device = {name: on and not on_host for name, on in kept.items()}
+        device = {name: [torch.zeros_like(p) for p in params] if on else [] for name, on in on_device.items()}
+        self._held, self._b, self._jump = held, device["b"], device["jump"]
+        self.held_on_host, self._set_up = on_host and any(kept.values()), True
         self._apply_pending()
 
     def _momentum(self, write: bool = False) -> list[Tensor]:
@@ -160,64 +160,40 @@ class OuterMomentum(TrajectoryRule):
         for held in self._held.values():
             held.put_away()
 
-    def jump(self, params: list[Tensor], anchor: list[Tensor], measure: bool = True) -> Tensor | None:
-        """The cycle's end: move ``params`` in place to the new anchor and leave it in ``anchor`` too. With
-        ``measure``, returns ``[|d|², |weights|²]`` over every rank (on the device: the jump's size relative to the
-        weights), ``d`` the jump as the rule computes it, before ``keep_norms`` scales the tensors back.
+    def jump(self, params: list[Tensor], anchor: list[Tensor], measure: bool = True) -> JumpPlan:
+        """The cycle's end: move ``params`` in place to the new anchor and leave it in ``anchor`` too, unless
+        ``restart`` finds the cycle pointing against the momentum (then the momentum is reset and nothing moves:
+        the returned plan's ``restart``). With ``measure``, the plan's ``size`` is ``[|d|², |weights|²]`` over every
+        rank, on the device, ``d`` the jump before ``keep_norms`` scales the tensors back.
 
-        ``params += (1 - η) s - η μ b`` with ``b`` already updated by ``s``: the same point as
-        ``anchor - η (μ b + s)``, written as a displacement so that ``η = 1, μ = 0`` adds nothing. On shards
-        (``sum_across_ranks`` set), each tensor's whole norm before and after is its shards' squared norms summed
-        over ranks: one collective a jump, with the size's terms.
-        """
-        eta, mu = self.outer_lr, self.outer_momentum
-        b, kept = self._momentum(write=True), self._last_jump(fill=False)
-        sharded = self.sum_across_ranks is not None
-        with torch.no_grad():
-            torch._foreach_sub_(anchor, params)  # anchor := s
-            if mu > 0:
-                torch._foreach_mul_(b, mu)
-                torch._foreach_add_(b, anchor)  # b := μ b + s
-            torch._foreach_mul_(anchor, 1.0 - eta)  # anchor := the jump d = (1 - η) s - η μ b
-            if mu > 0:
-                torch._foreach_add_(anchor, b, alpha=-eta * mu)
-            size = squares([*anchor, *params]).view(2, -1).sum(1) if measure else None  # one fused norm
-            before = (squares(params) if sharded else torch._foreach_norm(params)) if self.keep_norms else None
-            torch._foreach_add_(params, anchor)
-            if kept:
-                torch._foreach_copy_(kept, anchor)
-            if before is not None and sharded:
-                n = len(params)
-                total = self.sum_across_ranks(torch.cat([before, squares(params), *([size] if measure else [])]))
-                norms = total[: 2 * n].sqrt()
-                self._scale_back(params, list(norms[:n].unbind()), kept, after=list(norms[n:].unbind()))
-                size = total[2 * n :] if measure else None
-            elif before is not None:
-                self._scale_back(params, before, kept)
-            elif sharded and measure:
-                size = self.sum_across_ranks(size)
-            torch._foreach_copy_(anchor, params)
+        Everything that can fail (an allocation, the collective, the restart's read) comes before the first write
+        (:mod:`~lightning_hybrid.predictors.outer_jump`): a jump that raises leaves the weights, the anchor, the
+        momentum and the last jump as they were, bitwise. On shards (``sum_across_ranks`` set), each tensor's
+        norms are its shards' squared norms summed over ranks: one collective a jump."""
+        mu, on_host = self.outer_momentum, "jump" in self._held
+        keeps = on_host or bool(self._jump)  # the last jump is kept for an undo
+        try:
+            planned = plan(
+                params, anchor, self._momentum(), self.outer_lr, mu, keep_norms=self.keep_norms, keep_move=keeps,
+                check_restart=self.restart and mu > 0, measure=measure, sum_across_ranks=self.sum_across_ranks,
+            )  # fmt: skip
+            kept = self._last_jump(fill=False) if on_host and not planned.restart else []
+        except BaseException:
+            for held in self._held.values():
+                held.drop()  # nothing was written: the host values stand
+            raise
+        if planned.restart:
+            self.reset_momentum()
+        else:  # in place from here on: nothing allocates or waits, so nothing can fail half-way
+            planned.commit(params, anchor, kept if keeps else None)
+            if keeps and not on_host:
+                self._jump = planned.moved  # the plan's tensors become the last jump (and b' the momentum)
+            if mu > 0 and "b" in self._held:
+                torch._foreach_copy_(self._held["b"].on_device(write=True), planned.momentum)
+            elif mu > 0:
+                self._b = planned.momentum
         self.put_away()
-        return size
-
-    @staticmethod
-    def _scale_back(
-        params: list[Tensor], before: list[Tensor], kept: list[Tensor], after: list[Tensor] | None = None
-    ) -> None:
-        """``params *= before / |params|`` per tensor (``after``: those norms, summed over shards); the kept jump
-        becomes the move actually made, ``d + params (1 - 1/scale)``, so that :meth:`undo` still lands on the
-        weights before the jump."""
-        after = torch._foreach_norm(params) if after is None else after
-        torch._foreach_clamp_min_(after, torch.finfo(params[0].dtype).tiny)
-        scale = torch._foreach_div(before, after)
-        if scale[0].dtype != params[0].dtype:  # summed over shards in float32
-            scale = [s.to(p.dtype) for s, p in zip(scale, params)]
-        torch._foreach_mul_(params, scale)
-        if kept:
-            torch._foreach_reciprocal_(scale)
-            torch._foreach_neg_(scale)
-            torch._foreach_add_(scale, 1.0)  # 1 - 1/scale
-            torch._foreach_addcmul_(kept, params, scale)
+        return planned
 
     def alignment_terms(self, params: TensorList, anchor: TensorList) -> Tensor:
         """``[d · jump, |d|², |jump|²]`` over this rank's tensors, ``d = params - anchor`` the displacement since
@@ -225,13 +201,6 @@ class OuterMomentum(TrajectoryRule):
         alignment."""
         with torch.no_grad():
             return cosine_terms(torch._foreach_sub(params, anchor), self._last_jump())
-
-    def momentum_terms(self, params: TensorList, anchor: TensorList) -> Tensor:
-        """``[s · b, |s|², |b|²]`` over this rank's tensors, ``s = anchor - params`` the cycle's displacement and ``b``
-        the outer momentum before it takes ``s`` in (a parameter copy while they are summed). Summed over ranks,
-        their cosine decides a restart."""
-        with torch.no_grad():
-            return cosine_terms(torch._foreach_sub(anchor, params), self._momentum())
 
     def reset_momentum(self) -> None:
         held = self._held.get("b")

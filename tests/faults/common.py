@@ -7,6 +7,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from lightning_hybrid import Phase, hybrid_callbacks
 from tests.helpers import (
@@ -81,3 +82,41 @@ def train(
     trainer.fit(model, loader())
     val = trainer.validate(model, loader(128, seed=2), verbose=False)[0]["val_loss"]
     return model, trainer, watch, float(val)
+
+
+def record(record_property, fault: str, where: str, outcome: str, mode: str = "per-step") -> None:
+    """What a case tried and what happened, for the reliability table (``tests/faults/table.py``)."""
+    record_property("fault", fault)
+    record_property("where", where)
+    record_property("outcome", outcome)
+    record_property("mode", mode)
+
+
+class Injected(RuntimeError):
+    """The fault this suite raises."""
+
+
+class FailAt(TorchDispatchMode):
+    """Raises instead of running the ``at``-th operation dispatched (never, for ``at=-1``), and records each one's
+    name and whether it writes one of ``run``'s tensors (the weights, the anchor and the rule's state)."""
+
+    def __init__(self, at: int, run: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.at, self.seen = at, []
+        self.run = {t.untyped_storage().data_ptr() for t in run}
+
+    def step(self, name: str, writes: bool = False) -> None:
+        """One operation, dispatched or not (the collective, a read of a CPU tensor, dispatch nothing)."""
+        self.seen.append((name, writes))
+        if len(self.seen) - 1 == self.at:
+            raise Injected(f"injected into {name}")
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = func.__name__
+        targets = args[0] if args and isinstance(args[0], (list, tuple)) else args[:1]
+        in_place = name.split(".")[0].endswith("_")
+        writes = in_place and any(
+            isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() in self.run for t in targets
+        )
+        self.step(name, writes)
+        return func(*args, **(kwargs or {}))

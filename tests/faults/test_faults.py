@@ -5,6 +5,7 @@ is not harm.) Each case records what it tried and what happened (``record_proper
 tests.faults.table`` turns the JUnit XML of a run into the table in docs/reliability.md."""
 
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from lightning_hybrid import (
     hybrid_callbacks,
 )
 from lightning_hybrid.predictors import LinearPredictor, Plan
-from tests.faults.common import MODES, FaultyModel, FiniteWatch, train
+from tests.faults.common import MODES, FailAt, FaultyModel, FiniteWatch, record, train
 from tests.helpers import FAST_PHASES, RegressionModel, flat_params, hybrid_trainer, loader, scheduler_of
 
 REFERENCE: dict[str, float] = {}
@@ -35,13 +36,6 @@ def reference_val(mode: str = "per-step") -> float:
     if mode not in REFERENCE:
         REFERENCE[mode] = train(mode=mode)[3]
     return REFERENCE[mode]
-
-
-def _record(record_property, fault: str, where: str, outcome: str, mode: str = "per-step") -> None:
-    record_property("fault", fault)
-    record_property("where", where)
-    record_property("outcome", outcome)
-    record_property("mode", mode)
 
 
 def _caught(trainer) -> str:
@@ -63,7 +57,7 @@ def test_nonfinite_loss(record_property, kind, mode, phase):
     assert counters.rollbacks + counters.nonfinite_steps_skipped >= 1
     where = "predicted-step forward check" if phase is Phase.PREDICT else f"{phase.label} step"
     fault = {"nan": "NaN", "inf": "Inf"}[kind] + " loss"
-    _record(record_property, fault, where, f"{_caught(trainer)}; final val loss {ratio:.4f}x the clean run", mode)
+    record(record_property, fault, where, f"{_caught(trainer)}; final val loss {ratio:.4f}x the clean run", mode)
 
 
 @pytest.mark.parametrize("mode", MODE_NAMES)
@@ -76,7 +70,7 @@ def test_loss_spike_and_gradient_explosion(record_property, kind, mode):
     assert ratio < 1.02, ratio
     assert counters.outlier_steps_skipped == (kind == "explosion")  # a x10 spike is still training
     fault = "loss spike (x10)" if kind == "spike" else "gradient explosion (loss x1e6)"
-    _record(record_property, fault, "full step", f"{_caught(trainer)}; final val loss {ratio:.4f}x the clean run", mode)
+    record(record_property, fault, "full step", f"{_caught(trainer)}; final val loss {ratio:.4f}x the clean run", mode)
 
 
 class AtSteps(RegressionModel):
@@ -144,7 +138,7 @@ def test_a_fault_right_after_a_jump_is_skipped_and_the_jump_judged_by_the_steps_
     fault = {"nan": "NaN loss", "inf": "Inf loss", "explosion": "gradient explosion (loss x1e6)"}[kind]
     judged = "kept" if verdict in jumps.kept else "undone"
     outcome = f"{_caught(trainer)}; the jump {judged}, as in the clean run; {summary['jumps_kept']} of "
-    _record(record_property, fault, where, outcome + f"{summary['jumps_made']} jumps kept", "default")
+    record(record_property, fault, where, outcome + f"{summary['jumps_made']} jumps kept", "default")
 
 
 class Garbage(LinearPredictor):
@@ -185,7 +179,7 @@ def test_garbage_predictor_is_caught_and_prediction_switched_off(record_property
         f"prediction off after 3; final val loss {ratio:.4f}x plain training"
     )
     what = {"huge": "huge updates", "nan": "NaN updates", "wrong shapes": "updates of the wrong shapes"}[kind]
-    _record(record_property, f"predictor returns {what}", "plan", outcome)
+    record(record_property, f"predictor returns {what}", "plan", outcome)
 
 
 @pytest.mark.parametrize(("mode", "phase"), [(m, Phase.FULL) for m in MODE_NAMES] + PER_STEP_PHASES[:1])
@@ -199,7 +193,7 @@ def test_corrupted_batch_raises_the_users_error_and_leaves_state_whole(record_pr
     assert scheduler.counters.steps_total == watch.steps == trainer.global_step  # the failed step counted nowhere
     assert torch.equal(torch.cat([p.detach().flatten() for p in model.parameters()]), watch.last)
     message = str(err.value).splitlines()[0]
-    _record(
+    record(
         record_property, "corrupted batch (wrong dtype)", f"{phase.label} step", f"the model's error: {message}", mode
     )
 
@@ -243,7 +237,7 @@ def test_damaged_checkpoint_fails_with_a_clear_error(record_property, tmp_path, 
     with pytest.raises((ValueError, RuntimeError), match=expected) as err:
         _resume(path, mode)
     message = str(err.value).split(";")[0].replace(str(tmp_path), "<dir>")  # no machine paths in the report
-    _record(record_property, f"checkpoint: {damage}", "resume", "refused: " + message, mode)
+    record(record_property, f"checkpoint: {damage}", "resume", "refused: " + message, mode)
 
 
 @pytest.mark.slow
@@ -262,7 +256,7 @@ def test_sigkill_mid_predict_then_resume_matches_the_uninterrupted_run(record_pr
     resumed = flat_params(run(tmp_path / "resumed", ckpt_path=last))
     assert torch.equal(resumed, reference)
     outcome = f"resumed from {last.name}; final weights bitwise equal to the uninterrupted run"
-    _record(record_property, "process SIGKILLed mid-Predict", "predicted step", outcome)
+    record(record_property, "process SIGKILLed mid-Predict", "predicted step", outcome)
 
 
 CYCLE_STEPS = 80  # 2 steps an epoch, a checkpoint at each epoch's end (plain Lightning resumes those bitwise)
@@ -320,4 +314,76 @@ def test_the_default_killed_at_any_point_of_its_cycle_resumes_from_its_last_chec
     assert [resumed_summary[k] for k in counts] == [summary[k] for k in counts]
     assert summary["jumps_undone"] >= 1 and summary["jumps_kept"] >= 1
     outcome = f"resumed from {found[point].name}; final weights bitwise equal to the uninterrupted run"
-    _record(record_property, "process stopped right after a checkpoint", point, outcome, "default")
+    record(record_property, "process stopped right after a checkpoint", point, outcome, "default")
+
+
+def test_an_error_inside_a_jump_reaches_the_user_and_the_run_resumes_bitwise(record_property, tmp_path, cycle_run):
+    """Out of memory part-way through the first jump (allocating the weights it lands on), inside ``Trainer.fit``:
+    the error reaches the user as Lightning raises it; the checkpoint Lightning's ``OnExceptionCheckpoint`` writes
+    then holds the run as it was before the jump, and resumed from it, as from the last checkpoint before it, the
+    run ends bitwise as the uninterrupted one."""
+    from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
+
+    from lightning_hybrid.predictors import outer
+
+    params, summary, _ = cycle_run
+    planned, failed = outer.plan, []
+
+    def plan(*args, **kwargs):  # the first jump's fourth operation: allocating the weights it lands on
+        if failed:
+            return planned(*args, **kwargs)
+        failed.append(True)
+        with FailAt(3, []):
+            return planned(*args, **kwargs)
+
+    root = tmp_path / "failed"
+    saving = [ModelCheckpoint(root / "ckpt", every_n_train_steps=2, save_top_k=-1, filename="{step}")]
+    saving.append(OnExceptionCheckpoint(root, filename="on_exception"))
+    trainer, _ = hybrid_trainer(CYCLE_STEPS, hybrid=hybrid_callbacks(**DEFAULT_SHORT), extra_callbacks=saving,
+                                logger=False, enable_checkpointing=True, default_root_dir=root)  # fmt: skip
+    outer.plan = plan
+    try:
+        with pytest.raises(RuntimeError, match=r"injected into _foreach_add\.List"):
+            trainer.fit(RegressionModel(scheduler=True), loader(64, batch_size=32))
+    finally:
+        outer.plan = planned
+    assert failed and trainer.state.status == "interrupted"
+    last = max((root / "ckpt").glob("*.ckpt"), key=lambda p: int(p.stem.split("=")[1]))
+    for path in (root / "on_exception.ckpt", last):
+        resumed, resumed_summary = _cycle_run(tmp_path / path.stem, ckpt_path=path)
+        assert torch.equal(resumed, params), path.name
+        assert resumed_summary["jumps_made"] == summary["jumps_made"]
+    outcome = "raised to the user; resumed from OnExceptionCheckpoint's file and from the last checkpoint, bitwise"
+    record(record_property, "error raised inside a jump (out of memory)", "Trainer.fit", outcome, "default")
+
+
+def test_a_rank_killed_mid_cycle_under_hybrid_ddp_ends_the_other_and_both_resume_bitwise(record_property, tmp_path):
+    """Two ranks under ``hybrid_ddp``; rank 1 SIGKILLed between a jump and its verdict. Rank 0 does not hang: it
+    ends with an error by Lightning's own timeout at the latest (the process returns; a hang would exhaust the
+    subprocess's limit). Both ranks resumed from the last checkpoint end bitwise as the uninterrupted run."""
+    from tests.faults.killed_rank import EVERY, TIMEOUT_S
+    from tests.helpers import ROOT, free_port
+
+    def launch(*flags: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+        env = {k: v for k, v in env.items() if not k.startswith("PL_")}
+        cmd = [sys.executable, "-m", "tests.faults.killed_rank", str(tmp_path), *flags]
+        return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S + 600)
+
+    killed = launch("--kill")
+    killed_at = int((tmp_path / "killed_at").read_text())
+    assert killed.returncode != 0 and not (tmp_path / "killed-rank1.pt").exists(), killed.stdout[-2000:]
+    said = killed.stdout + killed.stderr
+    ended = ("Connection closed", "Connection reset", "Timed out", "timed out")
+    assert any(word in said for word in ended), said[-3000:]  # a collective's error, not a hang
+    done = launch()
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    load = {f: [torch.load(tmp_path / f"{f}-rank{r}.pt") for r in (0, 1)] for f in ("full", "resumed")}
+    assert all(torch.equal(run["params"], load["full"][0]["params"]) for run in load["full"] + load["resumed"])
+    counts = ("jumps_made", "jumps_kept", "jumps_undone", "backward_passes")
+    assert [load["resumed"][0]["summary"][k] for k in counts] == [load["full"][0]["summary"][k] for k in counts]
+    last = killed_at // EVERY * EVERY
+    outcome = (f"rank 1 killed at step {killed_at}; rank 0 ended with an error; both resumed from step {last}, "
+               "bitwise the uninterrupted run")  # fmt: skip
+    record(record_property, "one of 2 ranks SIGKILLed (hybrid_ddp)", "between a jump and its verdict", outcome,
+           "default")  # fmt: skip

@@ -160,7 +160,7 @@ class OuterJumps(JumpReport, PredictionFamily):
         off = e.policy.prediction_off or not e.config.enable_prediction or not e.parts.predictor.moves
         off = off or state.stopped_at >= 0 or rising
         unjudged = verify and (not math.isfinite(state.reference) or not self._verdict_in_time())
-        if off or unjudged or self._blind() or self._restart_instead():
+        if off or unjudged or self._blind():
             copy_(e.store.buffer, e.store.params)  # no jump: the next cycle starts from here
             e.parts.predictor.put_away()
             return
@@ -171,11 +171,17 @@ class OuterJumps(JumpReport, PredictionFamily):
         between steps (validation, checkpoints, the end of ``fit``) sees the weights the cycle trained, and a run
         that ends at a cycle's end hands those back. Parameters frozen or unfrozen in between: no jump."""
         e, state = self.engine, self.state
-        state.jump_due = False
         if e.store.trainable_changed():
+            state.jump_due = False
             copy_(e.store.buffer, e.store.params)  # the cycle's end will track the new set
             return
-        self.readings.size = e.parts.predictor.jump(e.store.params, e.store.buffer, measure=e.logs)  # over ranks
+        jumped = e.parts.predictor.jump(e.store.params, e.store.buffer, measure=e.logs)  # raising, it stays due
+        state.jump_due = False
+        if jumped.restart:  # the cycle pointed against the outer momentum, which restarted: no jump
+            e.record.counters.jump_restarts += 1
+            copy_(e.store.buffer, e.store.params)
+            return
+        self.readings.size = jumped.size  # over ranks
         e.collectives.parameters_changed()
         e.record.counters.jumps_made += 1
         e.policy.prediction_started()
@@ -203,21 +209,6 @@ class OuterJumps(JumpReport, PredictionFamily):
         if not e.parts.predictor.blind(state.reference, state.spread):
             return False
         e.record.counters.jumps_blind += 1
-        return True
-
-    def _restart_instead(self) -> bool:
-        """With the rule's ``restart``, where the cycle's displacement points against the outer momentum (a cosine
-        at most 0; none while there is no momentum yet): reset the momentum, count it, and say that no jump is due."""
-        e = self.engine
-        if not e.parts.predictor.restart or e.parts.predictor.outer_momentum == 0:
-            return False
-        dot, s_sq, b_sq = e.collectives.sum_across_ranks(
-            e.parts.predictor.momentum_terms(e.store.params, e.store.buffer)
-        ).tolist()
-        if b_sq == 0 or s_sq == 0 or dot > 0:
-            return False
-        e.parts.predictor.reset_momentum()
-        e.record.counters.jump_restarts += 1
         return True
 
     def _judge_alignment(self) -> None:

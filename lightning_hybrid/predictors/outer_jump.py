@@ -1,0 +1,113 @@
+"""The ``outer`` rule's jump in two parts, so that a jump that fails leaves nothing half-done: :func:`plan` does
+everything that can fail (allocating, summing over ranks, reading the host) while the run's tensors are only read,
+and :meth:`JumpPlan.commit` then writes them with in-place operations that allocate nothing and wait for nothing.
+
+The restart's cosine, the jump, its size and ``keep_norms``' scales come out of the same passes: two norms over
+the displacement, the momentum and the weights before and after, read as squared sums in float64, whose
+differences give the dot products (``2 μ s·b = |s + μ b|² - |s|² - μ²|b|²``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class JumpPlan:
+    """A jump computed and not yet made: the new momentum ``b'``, the move, and what was decided."""
+
+    momentum: list[Tensor]  # b' = μ b + s (empty when μ = 0)
+    moved: list[Tensor]  # the move to make, after keep_norms (with ``keep_move``; else the new weights)
+    restart: bool  # the cycle pointed against the momentum: reset it and make no jump
+    size: Tensor | None  # [|d|², |w|²] over every rank, d the jump before keep_norms
+
+    def commit(self, params: list[Tensor], anchor: list[Tensor], kept: list[Tensor] | None) -> None:
+        """Make the jump: ``params`` and ``anchor`` to the new weights, in place, and the move into ``kept`` where
+        it is kept in a room of its own (a plan made with ``keep_move``: given, or ``[]`` if the caller takes the
+        plan's ``moved`` tensors themselves)."""
+        with torch.no_grad():
+            if kept is None:
+                torch._foreach_copy_(params, self.moved)
+                torch._foreach_copy_(anchor, self.moved)
+                return
+            torch._foreach_add_(params, self.moved)
+            torch._foreach_copy_(anchor, params)
+            if kept:
+                torch._foreach_copy_(kept, self.moved)
+
+
+def plan(
+    params: list[Tensor],
+    anchor: list[Tensor],
+    b: list[Tensor],
+    eta: float,
+    mu: float,
+    *,
+    keep_norms: bool,
+    keep_move: bool,
+    check_restart: bool,
+    measure: bool,
+    sum_across_ranks: Callable[[Tensor], Tensor] | None,
+) -> JumpPlan:
+    """The jump from ``anchor`` after a cycle that ended at ``params`` with outer momentum ``b``: ``s = anchor -
+    params``, ``b' = μ b + s``, ``d = (1 - η) s - η μ b'``, the weights ``params + d`` (each tensor scaled back to
+    its norm with ``keep_norms``); with ``keep_move``, the plan holds the move to them instead, kept for an undo.
+    With ``check_restart``, ``restart`` is whether ``s · b <= 0`` (both nonzero): the one read of the host.
+    ``sum_across_ranks``: where ranks hold shards, the one collective, over every squared norm."""
+    n = len(params)
+    with torch.no_grad():
+        momentum = torch._foreach_sub(anchor, params)  # s
+        with_b = mu > 0 and (check_restart or measure)
+        norms = torch._foreach_norm([*momentum, *b], dtype=torch.float64) if with_b else []
+        if mu > 0:
+            torch._foreach_add_(momentum, b, alpha=mu)  # b' = s + μ b
+        weights = torch._foreach_add(params, momentum, alpha=1.0 - eta - eta * mu)  # d = (1-η-ημ) b' - (1-η) μ b
+        if mu > 0:
+            torch._foreach_add_(weights, b, alpha=-(1.0 - eta) * mu)
+        second = [*(momentum if check_restart or measure else []), *(params if keep_norms or measure else [])]
+        second += weights if keep_norms else []
+        norms += torch._foreach_norm(second, dtype=torch.float64) if second and n else []
+        restart, size = False, None
+        if norms:
+            rows = torch.stack(norms).square()  # per tensor: [|s|², |b|²] (with_b), |b'|², |w|², |w'|²
+            if sum_across_ranks is not None:
+                rows = sum_across_ranks(rows)
+            rows = rows.view(-1, n)
+            totals = rows.sum(1)
+            restart = check_restart and _against(totals[:3].tolist(), mu)  # the one read of the host
+            size = _size(totals, eta, mu, with_b) if measure else None
+            if keep_norms and not restart:
+                _scale_back(weights, rows[-2], rows[-1])
+        if keep_move and not restart:
+            torch._foreach_sub_(weights, params)  # the move made
+    return JumpPlan(momentum if mu > 0 else [], weights, restart, size)
+
+
+def _against(sums: list[float], mu: float) -> bool:
+    """Whether the cycle's displacement points against the momentum, from ``Σ|s|², Σ|b|², Σ|b'|²``: ``s · b <= 0``,
+    both nonzero."""
+    s_sq, b_sq, moved_sq = sums
+    return s_sq > 0 and b_sq > 0 and moved_sq - s_sq - mu * mu * b_sq <= 0
+
+
+def _size(totals: Tensor, eta: float, mu: float, with_b: bool) -> Tensor:
+    """``[|d|², |w|²]``: ``d = c₁ b' + c₂ b`` from the squared sums, ``b' · b = μ |b|² + s · b``."""
+    if not with_b:  # d = (1 - η) s
+        return totals[:2] * torch.tensor([(1.0 - eta) ** 2, 1.0], dtype=totals.dtype, device=totals.device)
+    c1, c2 = 1.0 - eta - eta * mu, -(1.0 - eta) * mu
+    s_sq, b_sq, moved_sq, w_sq = totals[:4].unbind()
+    dot = (moved_sq - s_sq + mu * mu * b_sq) / (2 * mu)  # b' · b
+    return torch.stack([c1 * c1 * moved_sq + c2 * c2 * b_sq + 2 * c1 * c2 * dot, w_sq])
+
+
+def _scale_back(weights: list[Tensor], before: Tensor, after: Tensor) -> None:
+    """Scale each tensor of ``weights`` (squared norms ``after``) to the norm ``before`` had, in place."""
+    scale = (before / after.clamp_min(torch.finfo(torch.float64).tiny)).sqrt()
+    dtypes = {w.dtype for w in weights}
+    if len(dtypes) == 1:
+        torch._foreach_mul_(weights, list(scale.to(dtypes.pop()).unbind()))
+    else:
+        torch._foreach_mul_(weights, [s.to(w.dtype) for s, w in zip(scale.unbind(), weights)])

@@ -1,0 +1,77 @@
+"""Two CPU ranks under ``hybrid_ddp`` training the default on short cycles, launched as Lightning launches a user's
+script, a checkpoint at every epoch's end (8 steps). With ``--kill``, rank 1 SIGKILLs itself between a jump and
+its verdict, writing the step to ``<out>/killed_at``; rank 0, left in a collective, must end by Lightning's own
+timeout (``TIMEOUT_S``, the strategy's). Without, it fits uninterrupted, then resumes from the killed run's last
+checkpoint; each rank writes its weights and summary after each fit (``tests.launched_ranks.KeepWeights``).
+
+    python -m tests.faults.killed_rank <out> [--kill]
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from lightning_hybrid import HybridDDPStrategy, hybrid_callbacks
+from lightning_hybrid.callbacks import find_scheduler
+from tests.helpers import DEFAULT_JUMPING, RULE_PHASES, RegressionModel, loader
+from tests.launched_ranks import KeepWeights
+
+STEPS, EVERY, KILL_AFTER = 32, 8, 26
+TIMEOUT_S = 30
+
+
+class KillMidCycle(L.Callback):
+    """Rank 1 dies past ``KILL_AFTER`` at the first step whose jump awaits its verdict."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: object) -> None:
+        pending = find_scheduler(trainer).engine.family.state.pending
+        if trainer.global_rank == 1 and trainer.global_step > KILL_AFTER and pending:
+            (self.out / "killed_at").write_text(str(trainer.global_step))
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def fit(out: Path, name: str, kill: bool = False, ckpt_path: Path | None = None) -> None:
+    saving = ckpt_path is None
+    callbacks = [*hybrid_callbacks(**RULE_PHASES, **DEFAULT_JUMPING), KeepWeights(str(out / name))]
+    if saving:
+        ckpt = out / name / "ckpt"
+        callbacks.append(ModelCheckpoint(ckpt, every_n_train_steps=EVERY, save_top_k=-1, filename="{step}"))
+    if kill:
+        callbacks.append(KillMidCycle(out))
+    trainer = L.Trainer(
+        strategy=HybridDDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=TIMEOUT_S)),
+        accelerator="cpu",
+        devices=2,
+        max_steps=STEPS,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=saving,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=out,
+    )
+    trainer.fit(RegressionModel(scheduler=True), loader(256, batch_size=16), ckpt_path=ckpt_path)
+
+
+def main(out: Path, kill: bool) -> None:
+    if kill:
+        fit(out, "killed", kill=True)
+        return
+    fit(out, "full")
+    last = max((out / "killed" / "ckpt").glob("*.ckpt"), key=lambda p: int(p.stem.split("=")[1]))
+    fit(out, "resumed", ckpt_path=last)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), kill="--kill" in sys.argv)

@@ -1,0 +1,53 @@
+"""Each jump of the default rule against the documented formula computed in float64 from the same float32 inputs:
+``s = anchor - w``, ``b' = μ b + s``, ``d = (1 - η) s - η μ b'``, ``w' = w + d``, each tensor scaled back to its
+norm (``keep_norms``), the anchor and the weights at ``w'``, the last jump ``w' - w``. Agreement within float32
+rounding (a few units in the last place of the operands), on tensors whose norms differ by up to 10^8."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lightning_hybrid.predictors import OuterMomentum
+
+EPS = torch.finfo(torch.float32).eps
+
+
+def reference(w, a, b, eta, mu, keep_norms):
+    """The jump in float64: the new weights, the momentum and the move."""
+    w, a, b = w.double(), a.double(), b.double()
+    s = a - w
+    b_new = mu * b + s
+    new = w + (1 - eta) * s - eta * mu * b_new
+    if keep_norms:
+        new = new * (w.norm() / new.norm())
+    return new, b_new, new - w
+
+
+@pytest.mark.parametrize("keep_norms", [True, False])
+@pytest.mark.parametrize(("eta", "mu"), [(0.7, 0.5), (1.6, 0.9), (0.5, 0.0)])
+@pytest.mark.parametrize("sizes", [[(3,)], [(64, 32), (1,), (7, 3, 5)], [(300, 200), *[(17,)] * 20]])
+def test_each_jump_is_the_float64_formula_within_float32_rounding(keep_norms, eta, mu, sizes):
+    gen = torch.Generator().manual_seed(len(sizes))
+    scales = [10.0 ** (4 * (i % 3) - 4) for i in range(len(sizes))]  # 1e-4, 1, 1e4: norms differ by 10^8
+    params = [torch.randn(shape, generator=gen) * k for shape, k in zip(sizes, scales)]
+    anchor = [p + 0.01 * k * torch.randn(p.shape, generator=gen) for p, k in zip(params, scales)]
+    noise = [0.005 * k * torch.randn(p.shape, generator=gen) for p, k in zip(params, scales)]
+    momentum = [2 * (a - p) + n for p, a, n in zip(params, anchor, noise)]  # along the cycle: no restart
+    rule = OuterMomentum(outer_lr=eta, outer_momentum=mu, keep_norms=keep_norms, verify_window=3)
+    rule.setup(params, keep_jump=True)
+    if mu > 0:
+        torch._foreach_copy_(rule._b, momentum)
+    inputs = [(w.clone(), a.clone(), b.clone()) for w, a, b in zip(params, anchor, momentum if mu > 0 else anchor)]
+    assert not rule.jump(params, anchor).restart  # the momentum is along the cycle's displacement
+    for (w, a, b), p, new_anchor, kept, b_got in zip(inputs, params, anchor, rule._jump, rule._b or params):
+        new, b_new, moved = reference(w, a, b if mu > 0 else torch.zeros_like(b), eta, mu, keep_norms)
+        scale = w.double().abs() + a.double().abs() + (b.double().abs() if mu > 0 else 0)
+        assert ((p.double() - new).abs() <= 8 * EPS * scale).all()
+        assert torch.equal(new_anchor, p)
+        assert ((kept.double() - moved).abs() <= 8 * EPS * scale).all()
+        if mu > 0:
+            assert ((b_got.double() - b_new).abs() <= 4 * EPS * scale).all()
+    if keep_norms:  # each tensor keeps its norm, to float32's rounding
+        for (w, _, _), p in zip(inputs, params):
+            assert abs(p.double().norm() / w.double().norm() - 1) <= 4 * EPS
