@@ -60,27 +60,31 @@ def plan(
     n = len(params)
     with torch.no_grad():
         momentum = torch._foreach_sub(anchor, params)  # s
-        with_b = mu > 0 and (check_restart or measure)
-        norms = torch._foreach_norm([*momentum, *b], dtype=torch.float64) if with_b else []
+        sums = ["s", "b"] if mu > 0 and (check_restart or measure) else []
+        norms = list(torch._foreach_norm([*momentum, *b], dtype=torch.float64)) if sums else []
         if mu > 0:
             torch._foreach_add_(momentum, b, alpha=mu)  # b' = s + μ b
         weights = torch._foreach_add(params, momentum, alpha=1.0 - eta - eta * mu)  # d = (1-η-ημ) b' - (1-η) μ b
         if mu > 0:
             torch._foreach_add_(weights, b, alpha=-(1.0 - eta) * mu)
-        second = [*(momentum if check_restart or measure else []), *(params if keep_norms or measure else [])]
-        second += weights if keep_norms else []
-        norms += torch._foreach_norm(second, dtype=torch.float64) if second and n else []
+        sums += ["moved"] if check_restart or measure else []
+        rows = [*sums, *(["w"] if keep_norms or measure else []), *(["after"] if keep_norms else [])]
+        listed = {"moved": momentum, "w": params, "after": weights}
+        later = [t for name in rows[len(norms) // max(n, 1) :] for t in listed[name]]
+        norms += torch._foreach_norm(later, dtype=torch.float64) if later else []  # float64: exact sums
+        if sum_across_ranks is not None and norms:  # each tensor's norm over every rank's shards
+            norms = list(sum_across_ranks(torch.stack(norms).square()).sqrt().unbind())
+        at = {name: norms[i * n : (i + 1) * n] for i, name in enumerate(rows)}
         restart, size = False, None
-        if norms:
-            rows = torch.stack(norms).square()  # per tensor: [|s|², |b|²] (with_b), |b'|², |w|², |w'|²
-            if sum_across_ranks is not None:
-                rows = sum_across_ranks(rows)
-            rows = rows.view(-1, n)
-            totals = rows.sum(1)
-            restart = check_restart and _against(totals[:3].tolist(), mu)  # the one read of the host
-            size = _size(totals, eta, mu, with_b) if measure else None
-            if keep_norms and not restart:
-                _scale_back(weights, rows[-2], rows[-1])
+        if check_restart or measure:  # the sums, Σ|s|, Σ|b|, Σ|b'| and Σ|w|, in float64
+            count = len(rows) - ("after" in rows)
+            stacked = torch.stack(norms[: count * n]).view(count, n)
+            totals = torch.linalg.vector_norm(stacked, dim=1, dtype=torch.float64)
+            if check_restart:
+                restart = _against([t * t for t in totals[:3].tolist()], mu)  # the one read of the host
+            size = _size(totals.square(), eta, mu, "b" in rows) if measure else None
+        if keep_norms and not restart and n:
+            _scale_back(weights, at["w"], at["after"])
         if keep_move and not restart:
             torch._foreach_sub_(weights, params)  # the move made
     return JumpPlan(momentum if mu > 0 else [], weights, restart, size)
@@ -94,7 +98,8 @@ def _against(sums: list[float], mu: float) -> bool:
 
 
 def _size(totals: Tensor, eta: float, mu: float, with_b: bool) -> Tensor:
-    """``[|d|², |w|²]``: ``d = c₁ b' + c₂ b`` from the squared sums, ``b' · b = μ |b|² + s · b``."""
+    """``[|d|², |w|²]`` from the squared sums (``[|s|², |b|²]`` with ``with_b``, ``|b'|², |w|²``): ``d = c₁ b' + c₂
+    b``, ``b' · b = μ |b|² + s · b``."""
     if not with_b:  # d = (1 - η) s
         return totals[:2] * torch.tensor([(1.0 - eta) ** 2, 1.0], dtype=totals.dtype, device=totals.device)
     c1, c2 = 1.0 - eta - eta * mu, -(1.0 - eta) * mu
@@ -103,11 +108,13 @@ def _size(totals: Tensor, eta: float, mu: float, with_b: bool) -> Tensor:
     return torch.stack([c1 * c1 * moved_sq + c2 * c2 * b_sq + 2 * c1 * c2 * dot, w_sq])
 
 
-def _scale_back(weights: list[Tensor], before: Tensor, after: Tensor) -> None:
-    """Scale each tensor of ``weights`` (squared norms ``after``) to the norm ``before`` had, in place."""
-    scale = (before / after.clamp_min(torch.finfo(torch.float64).tiny)).sqrt()
+def _scale_back(weights: list[Tensor], before: list[Tensor], after: list[Tensor]) -> None:
+    """Scale each tensor of ``weights`` (float64 norms ``after``) to the norm ``before``, in place."""
+    torch._foreach_clamp_min_(after, torch.finfo(after[0].dtype).tiny)
+    scale = torch._foreach_div(before, after)
     dtypes = {w.dtype for w in weights}
-    if len(dtypes) == 1:
-        torch._foreach_mul_(weights, list(scale.to(dtypes.pop()).unbind()))
+    if len(dtypes) == 1:  # one cast for all: the multiplication stays one fused operation
+        scale = list(torch.stack(scale).to(dtypes.pop()).unbind())
     else:
-        torch._foreach_mul_(weights, [s.to(w.dtype) for s, w in zip(scale.unbind(), weights)])
+        scale = [s.to(w.dtype) for s, w in zip(scale, weights)]
+    torch._foreach_mul_(weights, scale)
