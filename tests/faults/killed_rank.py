@@ -23,7 +23,7 @@ from lightning_hybrid.callbacks import find_scheduler
 from tests.helpers import DEFAULT_JUMPING, RULE_PHASES, RegressionModel, loader
 from tests.launched_ranks import KeepWeights
 
-STEPS, EVERY, KILL_AFTER = 32, 8, 26
+STEPS, EVERY, KILL_AFTER = 24, 8, 18
 TIMEOUT_S = 30
 
 
