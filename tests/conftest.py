@@ -27,6 +27,18 @@ def _quiet_and_deterministic():
         yield
 
 
+def _once_per_suite(tmp_path_factory, group: str) -> None:
+    """Fail where a second xdist worker sets up ``group``'s fixture: its tests should share one worker
+    (``--dist loadgroup``), and a pytest that breaks the grouping (9.2, pytest-xdist#1386) would launch it twice."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:  # one process: nothing to share
+        return
+    shared = tmp_path_factory.getbasetemp().parent  # this run's folder, above each worker's own
+    try:
+        (shared / f"{group}.set-up").touch(exist_ok=False)
+    except FileExistsError:
+        pytest.fail(f"the {group!r} group's fixture was set up on a second worker: xdist's loadgroup did not group it")
+
+
 @pytest.fixture(scope="session")
 def distributed_runs(tmp_path_factory) -> tuple:
     """Every two-process scenario of ``tests/test_ddp.py``, ``tests/test_trajectory.py`` and the golden DDP runs, in
@@ -36,6 +48,7 @@ def distributed_runs(tmp_path_factory) -> tuple:
     (``xdist_group("ranks")``)."""
     from tests.helpers import DISTRIBUTED, SAME_RUN, SAVE_EVERY, run_scenarios
 
+    _once_per_suite(tmp_path_factory, "ranks")
     root = tmp_path_factory.mktemp("ranks")
     resumed = {  # from each saving run's second checkpoint: step 32 (an epoch's end) or 40 (inside an epoch)
         name.replace("save", "resumed"): (
