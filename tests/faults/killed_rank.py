@@ -1,10 +1,11 @@
-"""Two CPU ranks under ``hybrid_ddp`` training the default on short cycles, launched as Lightning launches a user's
-script, a checkpoint at every epoch's end (8 steps). With ``--kill``, rank 1 SIGKILLs itself between a jump and
-its verdict, writing the step to ``<out>/killed_at``; rank 0, left in a collective, must end by Lightning's own
-timeout (``TIMEOUT_S``, the strategy's). Without, it fits uninterrupted, then resumes from the killed run's last
-checkpoint; each rank writes its weights and summary after each fit (``tests.launched_ranks.KeepWeights``).
+"""Two CPU ranks under ``hybrid_ddp`` training the default on short cycles, started together as torchrun starts
+them (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and the master's address in the environment), a checkpoint at every
+epoch's end (8 steps). With ``--kill``, rank 1 SIGKILLs itself between a jump and its verdict, writing the step to
+``<out>/killed_at``; rank 0, left in a collective, must end by Lightning's own timeout (``TIMEOUT_S``, the
+strategy's). Without, they fit uninterrupted, then resume from the killed run's last checkpoint; each rank writes its
+weights and summary after each fit (``tests.launched_ranks.KeepWeights``).
 
-    python -m tests.faults.killed_rank <out> [--kill]
+    RANK=r LOCAL_RANK=r WORLD_SIZE=2 MASTER_ADDR=... MASTER_PORT=... python -m tests.faults.killed_rank <out> [--kill]
 """
 
 from __future__ import annotations

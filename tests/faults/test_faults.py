@@ -378,25 +378,34 @@ def test_an_error_inside_a_jump_reaches_the_user_and_the_run_resumes_bitwise(rec
 @pytest.mark.xdist_group("killed_rank")  # started early (tests/conftest.py): its ranks take long to launch
 def test_a_rank_killed_mid_cycle_under_hybrid_ddp_ends_the_other_and_both_resume_bitwise(record_property, tmp_path):
     """Two ranks under ``hybrid_ddp``; rank 1 SIGKILLed between a jump and its verdict. Rank 0 does not hang: it
-    ends with an error by Lightning's own timeout at the latest (the process returns; a hang would exhaust the
-    subprocess's limit). Both ranks resumed from the last checkpoint end bitwise as the uninterrupted run."""
+    ends with an error by Lightning's own timeout at the latest. Both ranks resumed from the last checkpoint end
+    bitwise as the uninterrupted run."""
     from tests.faults.killed_rank import EVERY, TIMEOUT_S
     from tests.helpers import ROOT, free_port
 
-    def launch(*flags: str) -> subprocess.CompletedProcess:
-        env = {**os.environ, "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-        env = {k: v for k, v in env.items() if not k.startswith("PL_")}
-        cmd = [sys.executable, "-m", "tests.faults.killed_rank", str(tmp_path), *flags]
-        return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S + 600)
+    def launch(*flags: str) -> list[subprocess.Popen]:
+        port, ranks = free_port(), []
+        for rank in (0, 1):
+            env = {k: v for k, v in os.environ.items() if not k.startswith("PL_")} | {
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2", "RANK": str(rank),
+                "LOCAL_RANK": str(rank), "NODE_RANK": "0", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT),
+            }  # fmt: skip
+            cmd = [sys.executable, "-m", "tests.faults.killed_rank", str(tmp_path), *flags]
+            ranks.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        return ranks
 
-    killed = launch("--kill")
+    def ended(ranks: list[subprocess.Popen]) -> list[tuple[int, str]]:
+        """Each rank's exit code and output, once it has ended (a hang would exhaust the limit)."""
+        outputs = [rank.communicate(timeout=TIMEOUT_S + 600)[0].decode() for rank in ranks]
+        return [(rank.returncode, out) for rank, out in zip(ranks, outputs)]
+
+    (first, said), (second, _) = ended(launch("--kill"))
     killed_at = int((tmp_path / "killed_at").read_text())
-    assert killed.returncode != 0 and not (tmp_path / "killed-rank1.pt").exists(), killed.stdout[-2000:]
-    said = killed.stdout + killed.stderr
-    ended = ("Connection closed", "Connection reset", "Timed out", "timed out")
-    assert any(word in said for word in ended), said[-3000:]  # a collective's error, not a hang
-    done = launch()
-    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert second == -signal.SIGKILL and first not in (0, None), said[-2000:]
+    ended_by = ("Connection closed", "Connection reset", "Timed out", "timed out")
+    assert any(word in said for word in ended_by), said[-3000:]  # a collective's error, not a hang
+    for code, out in ended(launch()):
+        assert code == 0, out[-3000:]
     load = {f: [torch.load(tmp_path / f"{f}-rank{r}.pt") for r in (0, 1)] for f in ("full", "resumed")}
     assert all(torch.equal(run["params"], load["full"][0]["params"]) for run in load["full"] + load["resumed"])
     counts = ("jumps_made", "jumps_kept", "jumps_undone", "backward_passes")
