@@ -371,7 +371,8 @@ def test_an_error_inside_a_jump_reaches_the_user_and_the_run_resumes_bitwise(rec
         run_record = state["HybridScheduler"]["record"]
         run_record["wall_time_s"], run_record["counters"]["time_by_phase_s"] = None, None
     assert _same(states[0]["state_dict"], states[1]["state_dict"]) and _same(*plugin)
-    outcome = "raised to the user; resumed from OnExceptionCheckpoint's file and from the last checkpoint, bitwise"
+    outcome = ("raised to the user; resumed from OnExceptionCheckpoint's file, bitwise; the last checkpoint before it "
+               "holds the uninterrupted run's state")  # fmt: skip
     record(record_property, "error raised inside a jump (out of memory)", "Trainer.fit", outcome, "default")
 
 
