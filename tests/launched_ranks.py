@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
@@ -41,11 +42,18 @@ def fit(launcher: str, out: Path, name: str, ckpt_path: str | None = None) -> No
     callbacks = [HybridScheduler(**RULE_PHASES, **DEFAULT_JUMPING), KeepWeights(str(out / name))]
     if saving:
         callbacks.append(ModelCheckpoint(out / "ckpt", every_n_train_steps=EVERY, save_top_k=-1, filename="{step}"))
-    trainer = L.Trainer(
-        strategy=launcher,
+    trainer = two_ranks(launcher, STEPS, callbacks, saving, out)
+    trainer.fit(RegressionModel(scheduler=True), loader(512, batch_size=16), ckpt_path=ckpt_path)
+
+
+def two_ranks(strategy: Any, steps: int, callbacks: list[L.Callback], saving: bool, out: Path) -> L.Trainer:
+    """A Trainer on two CPU ranks under ``strategy``, quiet (no logger, bar or summary), checkpointing if
+    ``saving``."""
+    return L.Trainer(
+        strategy=strategy,
         accelerator="cpu",
         devices=2,
-        max_steps=STEPS,
+        max_steps=steps,
         callbacks=callbacks,
         logger=False,
         enable_checkpointing=saving,
@@ -54,7 +62,6 @@ def fit(launcher: str, out: Path, name: str, ckpt_path: str | None = None) -> No
         num_sanity_val_steps=0,
         default_root_dir=out,
     )
-    trainer.fit(RegressionModel(scheduler=True), loader(512, batch_size=16), ckpt_path=ckpt_path)
 
 
 def main(launcher: str, out: Path) -> None:

@@ -157,7 +157,7 @@ class FixedJump(OuterMomentum):
                 self._jump[0].copy_(self.d)
             anchor[0].copy_(params[0])
         self.points.append((before, params[0].detach().clone()))
-        return JumpPlan([], [], restart=False, size=None)
+        return JumpPlan([], [], is_move=False, restart=False, size=None)
 
 
 def judged(rule, window, resolution=0.0):

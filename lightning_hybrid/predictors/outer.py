@@ -136,11 +136,10 @@ class OuterMomentum(TrajectoryRule):
         on_host = self.state_on_host
         if on_host is None:  # the default: on the device, unless it would crowd a CUDA device's memory
             on_host = bool(params) and not state_fits(params, sum(kept.values()))
-        held: dict[str, HostHeld] = {}  # everything allocated before any of it is kept: nothing half set up
-        if on_host:  # allocated on the host: the device never holds them outside a cycle's end
-            held = {name: HostHeld(list(params)) for name, on in kept.items() if on}
-        on_device = {name: on and not on_host for name, on in kept.items()}
-        device = {name: [torch.zeros_like(p) for p in params] if on else [] for name, on in on_device.items()}
+        # everything allocated before any of it is kept: nothing half set up. With on_host, allocated on the host:
+        # the device never holds them outside a cycle's end
+        held = {n: HostHeld(list(params)) for n, on in kept.items() if on and on_host}
+        device = {n: [torch.zeros_like(p) for p in params] if on and not on_host else [] for n, on in kept.items()}
         self._held, self._b, self._jump = held, device["b"], device["jump"]
         self.held_on_host, self._set_up = on_host and any(kept.values()), True
         self._apply_pending()
@@ -185,8 +184,10 @@ class OuterMomentum(TrajectoryRule):
         if planned.restart:
             self.reset_momentum()
         else:  # in place from here on: nothing allocates or waits, so nothing can fail half-way
-            planned.commit(params, anchor, kept if keeps else None)
-            if keeps and not on_host:
+            planned.commit(params, anchor)
+            if on_host:
+                torch._foreach_copy_(kept, planned.moved)
+            elif keeps:
                 self._jump = planned.moved  # the plan's tensors become the last jump (and b' the momentum)
             if mu > 0 and "b" in self._held:
                 torch._foreach_copy_(self._held["b"].on_device(write=True), planned.momentum)

@@ -20,23 +20,20 @@ class JumpPlan:
     """A jump computed and not yet made: the new momentum ``b'``, the move, and what was decided."""
 
     momentum: list[Tensor]  # b' = μ b + s (empty when μ = 0)
-    moved: list[Tensor]  # the move to make, after keep_norms (with ``keep_move``; else the new weights)
+    moved: list[Tensor]  # the move to make, after keep_norms (``is_move``); else the new weights themselves
+    is_move: bool
     restart: bool  # the cycle pointed against the momentum: reset it and make no jump
     size: Tensor | None  # [|d|², |w|²] over every rank, d the jump before keep_norms
 
-    def commit(self, params: list[Tensor], anchor: list[Tensor], kept: list[Tensor] | None) -> None:
-        """Make the jump: ``params`` and ``anchor`` to the new weights, in place, and the move into ``kept`` where
-        it is kept in a room of its own (a plan made with ``keep_move``: given, or ``[]`` if the caller takes the
-        plan's ``moved`` tensors themselves)."""
+    def commit(self, params: list[Tensor], anchor: list[Tensor]) -> None:
+        """Make the jump: ``params`` and ``anchor`` to the new weights, in place."""
         with torch.no_grad():
-            if kept is None:
+            if self.is_move:
+                torch._foreach_add_(params, self.moved)
+                torch._foreach_copy_(anchor, params)
+            else:
                 torch._foreach_copy_(params, self.moved)
                 torch._foreach_copy_(anchor, self.moved)
-                return
-            torch._foreach_add_(params, self.moved)
-            torch._foreach_copy_(anchor, params)
-            if kept:
-                torch._foreach_copy_(kept, self.moved)
 
 
 def plan(
@@ -60,17 +57,17 @@ def plan(
     n = len(params)
     with torch.no_grad():
         momentum = torch._foreach_sub(anchor, params)  # s
-        sums = ["s", "b"] if mu > 0 and (check_restart or measure) else []
-        norms = list(torch._foreach_norm([*momentum, *b], dtype=torch.float64)) if sums else []
+        first = ["s", "b"] if mu > 0 and (check_restart or measure) else []  # before s becomes b'
+        norms = list(torch._foreach_norm([*momentum, *b], dtype=torch.float64)) if first else []
         if mu > 0:
             torch._foreach_add_(momentum, b, alpha=mu)  # b' = s + μ b
         weights = torch._foreach_add(params, momentum, alpha=1.0 - eta - eta * mu)  # d = (1-η-ημ) b' - (1-η) μ b
         if mu > 0:
             torch._foreach_add_(weights, b, alpha=-(1.0 - eta) * mu)
-        sums += ["moved"] if check_restart or measure else []
-        rows = [*sums, *(["w"] if keep_norms or measure else []), *(["after"] if keep_norms else [])]
+        rows = [*first, *(["moved"] if check_restart or measure else []), *(["w"] if keep_norms or measure else [])]
+        rows += ["after"] if keep_norms else []
         listed = {"moved": momentum, "w": params, "after": weights}
-        later = [t for name in rows[len(norms) // max(n, 1) :] for t in listed[name]]
+        later = [t for name in rows[len(first) :] for t in listed[name]]
         norms += torch._foreach_norm(later, dtype=torch.float64) if later else []  # float64: exact sums
         if sum_across_ranks is not None and norms:  # each tensor's norm over every rank's shards
             norms = list(sum_across_ranks(torch.stack(norms).square()).sqrt().unbind())
@@ -87,7 +84,7 @@ def plan(
             _scale_back(weights, at["w"], at["after"])
         if keep_move and not restart:
             torch._foreach_sub_(weights, params)  # the move made
-    return JumpPlan(momentum if mu > 0 else [], weights, restart, size)
+    return JumpPlan(momentum if mu > 0 else [], weights, keep_move and not restart, restart, size)
 
 
 def _against(sums: list[float], mu: float) -> bool:

@@ -22,7 +22,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning_hybrid import HybridDDPStrategy, hybrid_callbacks
 from lightning_hybrid.callbacks import find_scheduler
 from tests.helpers import DEFAULT_JUMPING, RULE_PHASES, RegressionModel, loader
-from tests.launched_ranks import KeepWeights
+from tests.launched_ranks import KeepWeights, two_ranks
 
 STEPS, EVERY, KILL_AFTER = 24, 8, 18
 TIMEOUT_S = 30
@@ -49,19 +49,8 @@ def fit(out: Path, name: str, kill: bool = False, ckpt_path: Path | None = None)
         callbacks.append(ModelCheckpoint(ckpt, every_n_train_steps=EVERY, save_top_k=-1, filename="{step}"))
     if kill:
         callbacks.append(KillMidCycle(out))
-    trainer = L.Trainer(
-        strategy=HybridDDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=TIMEOUT_S)),
-        accelerator="cpu",
-        devices=2,
-        max_steps=STEPS,
-        callbacks=callbacks,
-        logger=False,
-        enable_checkpointing=saving,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        default_root_dir=out,
-    )
+    strategy = HybridDDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=TIMEOUT_S))
+    trainer = two_ranks(strategy, STEPS, callbacks, saving, out)
     trainer.fit(RegressionModel(scheduler=True), loader(256, batch_size=16), ckpt_path=ckpt_path)
 
 
