@@ -264,14 +264,18 @@ def run_all(names: list[str] | None = None) -> dict[str, dict]:
 
 def differences(want: Any, got: Any, exact_floats: bool, path: str = "") -> list[str]:
     """Where ``got`` departs from ``want``: any non-float value, or a float beyond ``REL_TOL`` (bitwise with
-    ``exact_floats``). A float equal to an int (a counter summed as a float) compares as a number."""
+    ``exact_floats``), a tensor bitwise. A float equal to an int (a counter summed as a float) compares as a
+    number."""
+    if isinstance(want, torch.Tensor) or isinstance(got, torch.Tensor):
+        same = isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor) and torch.equal(want, got)
+        return [] if same else [f"{path}: tensors differ"]
     if isinstance(want, dict) and isinstance(got, dict):
         out = [f"{path}/{k}: only in the record" for k in want.keys() - got.keys()]
         out += [f"{path}/{k}: not in the record" for k in got.keys() - want.keys()]
         for k in sorted(want.keys() & got.keys()):
             out += differences(want[k], got[k], exact_floats, f"{path}/{k}")
         return out
-    if isinstance(want, list) and isinstance(got, list):
+    if isinstance(want, (list, tuple)) and isinstance(got, (list, tuple)):
         if len(want) != len(got):
             return [f"{path}: {len(got)} values, recorded {len(want)}"]
         return [d for i, (w, g) in enumerate(zip(want, got)) for d in differences(w, g, exact_floats, f"{path}[{i}]")]

@@ -25,6 +25,7 @@ from lightning_hybrid import (
 )
 from lightning_hybrid.predictors import LinearPredictor, Plan
 from tests.faults.common import MODES, FailAt, FaultyModel, FiniteWatch, record, train
+from tests.golden import differences
 from tests.helpers import FAST_PHASES, RegressionModel, flat_params, hybrid_trainer, loader, scheduler_of
 
 REFERENCE: dict[str, float] = {}
@@ -317,17 +318,6 @@ def test_the_default_killed_at_any_point_of_its_cycle_resumes_from_its_last_chec
     record(record_property, "process stopped right after a checkpoint", point, outcome, "default")
 
 
-def _same(a, b) -> bool:
-    """Whether two checkpoint entries hold the same values, tensors bitwise (NaN equal to NaN)."""
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and torch.equal(a, b)
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(map(_same, a, b))
-    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
-
-
 def test_an_error_inside_a_jump_reaches_the_user_and_the_run_resumes_bitwise(record_property, tmp_path, cycle_run):
     """Out of memory part-way through the first jump (allocating the weights it lands on), inside ``Trainer.fit``:
     the error reaches the user as Lightning raises it; the checkpoint Lightning's ``OnExceptionCheckpoint`` writes
@@ -370,7 +360,8 @@ def test_an_error_inside_a_jump_reaches_the_user_and_the_run_resumes_bitwise(rec
     for state in plugin:  # the seconds each run took aside
         run_record = state["HybridScheduler"]["record"]
         run_record["wall_time_s"], run_record["counters"]["time_by_phase_s"] = None, None
-    assert _same(states[0]["state_dict"], states[1]["state_dict"]) and _same(*plugin)
+    assert not differences(states[0]["state_dict"], states[1]["state_dict"], exact_floats=True)
+    assert not differences(*plugin, exact_floats=True)
     outcome = ("raised to the user; resumed from OnExceptionCheckpoint's file, bitwise; the last checkpoint before it "
                "holds the uninterrupted run's state")  # fmt: skip
     record(record_property, "error raised inside a jump (out of memory)", "Trainer.fit", outcome, "default")
