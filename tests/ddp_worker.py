@@ -1,7 +1,7 @@
-"""One rank of 2-process CPU runs under ``hybrid_ddp`` or ``hybrid_fsdp``, launched by ``tests.helpers.run_scenarios``
-like torchrun would: two ranks on one node, or one rank on each of two simulated nodes. The scenarios given run one
-after another in the same process group (a launch costs more than a fit), each from the random state a fresh
-process starts with.
+"""The ranks of 2-process CPU runs under ``hybrid_ddp`` or ``hybrid_fsdp``, forked as torchrun would start them
+(``tests.forked_ranks``) for ``tests.helpers.run_scenarios``: two ranks on one node, or one rank on each of two
+simulated nodes. The scenarios given run one after another in the same process group (a launch costs more than a
+fit), each from the random state a fresh process starts with.
 
 Writes each scenario's phase of every step, the first batch it saw and its final parameters (gathered in full
 under FSDP) to ``<out>/<scenario>/rank<R>.pt``; with ``after``, also what ``validate``, ``test``, ``predict`` and a
@@ -33,6 +33,7 @@ from lightning_hybrid import (
 )
 from lightning_hybrid.callbacks import find_scheduler
 from lightning_hybrid.predictors import OuterMomentum, PrimalAveraging
+from tests import forked_ranks
 from tests.helpers import (
     DEFAULT_JUMPING,
     FAST,
@@ -229,17 +230,18 @@ def as_on_nodes(nodes: int, rank: int, world_size: int) -> None:
     os.environ["NODE_RANK"], os.environ["LOCAL_RANK"] = str(rank // per_node), str(rank % per_node)
 
 
-if __name__ == "__main__":
-    out, *scenarios = sys.argv[1:]  # each: "name|kind|strategy|resume|loader|nodes" (the middle ones may be "")
+def run_all(out: str, scenarios: list[str]) -> None:
+    """This rank's part of each scenario, one after another in this process group, as several fits in one script."""
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])  # the launcher's; Lightning edits both
-    for scenario in scenarios:  # one after another in this process group, as several fits in one script
+    for scenario in scenarios:  # each: "name|kind|strategy|resume|loader|nodes" (the middle ones may be "")
         name, kind, strategy, resume, batches, nodes = scenario.split("|")
         as_on_nodes(int(nodes), rank, world_size)  # the first scenario's places are the process group's rendezvous
         main(str(Path(out) / name), kind, int(nodes), resume or None, strategy, batches)
-    if torch.distributed.is_initialized():  # leave the group in order; not enough on its own, see os._exit below
+    if torch.distributed.is_initialized():  # leave the group in order
         torch.distributed.destroy_process_group()
-    # The results are saved. Skip the interpreter's teardown: a gloo thread still joinable there at times aborts
-    # the process ("terminate called without an active exception") even after the group was destroyed.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+
+
+if __name__ == "__main__":
+    out, *specs = sys.argv[1:]
+    if any(forked_ranks.run(partial(run_all, out, specs), Path(out) / "logs")):
+        sys.exit(forked_ranks.tail(Path(out) / "logs"))

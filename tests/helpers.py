@@ -455,34 +455,25 @@ def console(*argv: str) -> int | str | None:
 # -------------------------------------------------------------------------------------------------------- DDP ranks
 
 
-def run_scenarios(out_dir: Path, scenarios: dict[str, tuple[str, ...]], world_size: int = 2) -> dict[str, list[dict]]:
-    """Launch the ranks of ``tests/ddp_worker.py`` as torchrun would, running every scenario (name: ``(kind,
-    strategy, resume)``, then the batches of a user module's run and the nodes, 1 or 2: one process each, as a
-    cluster launcher starts them) one after another in that process group; returns what each rank wrote, by
-    scenario. The first scenario's placement is the process group's rendezvous (through environment variables)."""
-    port = free_port()
-    procs = []
+def run_scenarios(out_dir: Path, scenarios: dict[str, tuple[str, ...]]) -> dict[str, list[dict]]:
+    """Run every scenario (name: ``(kind, strategy, resume)``, then the batches of a user module's run and the
+    nodes, 1 or 2: one process each, as a cluster launcher starts them) one after another in one process group of
+    two ranks (``tests/ddp_worker.py``); returns what each rank wrote, by scenario. The first scenario's placement is
+    the process group's rendezvous (through environment variables)."""
     defaults = ("", 1)  # batches, nodes
     specs = ["|".join(map(str, (name, *s, *defaults[len(s) - 3 :]))) for name, s in scenarios.items()]
-    for rank in range(world_size):
-        env = {
-            # Lightning's seed_everything in this process (the app, the harness) leaves PL_GLOBAL_SEED and
-            # PL_SEED_WORKERS behind; the ranks must not inherit them, or their runs depend on test order
-            **{k: v for k, v in os.environ.items() if not k.startswith("PL_")},
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "WORLD_SIZE": str(world_size),
-            "RANK": str(rank),
-            "OMP_NUM_THREADS": "1",
-            "PYTHONPATH": str(ROOT),
-        }
-        cmd = [sys.executable, "-m", "tests.ddp_worker", str(out_dir), *specs]
-        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-    for proc in procs:
-        out, _ = proc.communicate(timeout=600)
-        assert proc.returncode == 0, out.decode()[-3000:]
+    env = {
+        # Lightning's seed_everything in this process (the app, the harness) leaves PL_GLOBAL_SEED and
+        # PL_SEED_WORKERS behind; the ranks must not inherit them, or their runs depend on test order
+        **{k: v for k, v in os.environ.items() if not k.startswith("PL_")},
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(ROOT),
+    }
+    cmd = [sys.executable, "-m", "tests.ddp_worker", str(out_dir), *specs]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
     load = partial(torch.load, weights_only=False)
-    return {name: [load(out_dir / name / f"rank{r}.pt") for r in range(world_size)] for name in scenarios}
+    return {name: [load(out_dir / name / f"rank{r}.pt") for r in range(2)] for name in scenarios}
 
 
 FSDP_UNITS = ("fsdp-per-layer", "plain-fsdp-per-layer", "fsdp", "plain-fsdp")  # hybrid and plain, per layer and whole

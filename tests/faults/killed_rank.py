@@ -1,19 +1,21 @@
 """Two CPU ranks under ``hybrid_ddp`` training the default on short cycles, started together as torchrun starts
-them (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and the master's address in the environment), a checkpoint at every
-epoch's end (8 steps). With ``--kill``, rank 1 SIGKILLs itself between a jump and its verdict, writing the step to
-``<out>/killed_at``; rank 0, left in a collective, must end by Lightning's own timeout (``TIMEOUT_S``, the
-strategy's). Without, they fit uninterrupted, then resume from the killed run's last checkpoint; each rank writes its
-weights and summary after each fit (``tests.launched_ranks.KeepWeights``).
+them (``tests.forked_ranks``), a checkpoint at every epoch's end (8 steps). First rank 1 SIGKILLs itself between a
+jump and its verdict, writing the step to ``<out>/killed_at``; rank 0, left in a collective, must end by Lightning's
+own timeout (``TIMEOUT_S``, the strategy's). Then two new ranks fit uninterrupted and resume from the killed run's
+last checkpoint; each rank writes its weights and summary after each fit (``tests.launched_ranks.KeepWeights``).
+Each launch's exit codes go to ``<out>/exit_codes.json``, its ranks' output to ``<out>/<launch>/rank<R>.log``.
 
-    RANK=r LOCAL_RANK=r WORLD_SIZE=2 MASTER_ADDR=... MASTER_PORT=... python -m tests.faults.killed_rank <out> [--kill]
+    python -m tests.faults.killed_rank <out>
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 
 import lightning as L
@@ -21,6 +23,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_hybrid import HybridDDPStrategy, hybrid_callbacks
 from lightning_hybrid.callbacks import find_scheduler
+from tests import forked_ranks
 from tests.helpers import DEFAULT_JUMPING, RULE_PHASES, RegressionModel, loader
 from tests.launched_ranks import KeepWeights, two_ranks
 
@@ -54,14 +57,19 @@ def fit(out: Path, name: str, kill: bool = False, ckpt_path: Path | None = None)
     trainer.fit(RegressionModel(scheduler=True), loader(256, batch_size=16), ckpt_path=ckpt_path)
 
 
-def main(out: Path, kill: bool) -> None:
-    if kill:
-        fit(out, "killed", kill=True)
-        return
+def uninterrupted_then_resumed(out: Path) -> None:
     fit(out, "full")
     last = max((out / "killed" / "ckpt").glob("*.ckpt"), key=lambda p: int(p.stem.split("=")[1]))
     fit(out, "resumed", ckpt_path=last)
 
 
+def main(out: Path) -> None:
+    codes = {
+        "killed": forked_ranks.run(partial(fit, out, "killed", kill=True), out / "killed", timeout_s=TIMEOUT_S + 300)
+    }
+    codes["resumed"] = forked_ranks.run(partial(uninterrupted_then_resumed, out), out / "resumed")
+    (out / "exit_codes.json").write_text(json.dumps(codes))
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), kill="--kill" in sys.argv)
+    main(Path(sys.argv[1]))
