@@ -144,7 +144,8 @@ def test_the_times_and_sizes_the_readme_quotes_are_the_footprints_files():
     from benchmarks import footprint
 
     readme, folder = README.read_text(), FOOTPRINT.parent
-    measured = {footprint.duration(run["wall_s"]) for run in footprint.times().values()}
+    runs = footprint.times().values()
+    measured = {footprint.duration(run[k]) for run in runs for k in ("wall_s", "pytest_s") if k in run}
     assert set(re.findall(r"\b\d+ min \d+ s\b", readme)) <= measured
     sizes = json.loads((folder / "checkpoint_size.json").read_text())["megabytes"]
     pending = next(mb for name, mb in sizes.items() if name.startswith("hybrid, a jump pending"))
@@ -184,6 +185,9 @@ def test_a_timed_command_is_kept_with_where_and_when_it_ran(tmp_path):
     # the child's CPU time is counted (at least what it burnt), and one thread's CPU time is within its wall time
     assert result["returncode"] == 0 and result["wall_s"] >= result["cpu_s"] >= 0.3
     assert json.loads(kept.read_text())["suite"]["command"] == shlex.join(["python", "-c", burn])
+    assert "pytest_s" not in result  # no pytest ran
+    closing = "print('=== 745 passed, 6 skipped, 490 warnings in 291.91s (0:04:51) ===')"
+    assert footprint.measure("suite", ["python", "-c", closing], path=kept)["pytest_s"] == 291.91
     failed = footprint.measure("quick_start", ["python", "-c", "raise SystemExit(3)"], path=kept)
     assert failed["returncode"] == 3 and "quick_start" not in json.loads(kept.read_text())  # only what succeeded
     with pytest.raises(SystemExit, match="name='made-up' is not one of"):
@@ -210,3 +214,27 @@ def test_the_prose_on_warm_up_and_on_the_capture_buffer_is_its_files():
             copies.append(memory["in_parameter_copies"][mode]["peak_rss_growth_bytes"])
     said = "{:.2f} and {:.2f} copies above plain at batch 8, {:.2f} and {:.2f} at batch 32".format(*copies)
     assert said in prose
+
+
+def test_the_fault_table_is_the_same_however_the_workers_shared_the_cases(tmp_path):
+    """The reliability table from a run's JUnit XML: the default's rows first, then by test, in any order of cases."""
+    from tests.faults.table import table
+
+    def case(name: str, mode: str | None) -> str:
+        props = {"fault": f"fault of {name}", "where": "full step", "outcome": "kept"} | (
+            {"mode": mode} if mode else {}
+        )
+        listed = "".join(f'<property name="{k}" value="{v}"/>' for k, v in props.items())
+        return (
+            f'<testcase classname="tests.faults.test_faults" name="{name}"><properties>{listed}</properties></testcase>'
+        )
+
+    cases = [case("test_b", None), case("test_c", "default"), case("test_a", None), case("test_d", "default")]
+    tables = []
+    for order in (cases, cases[::-1]):
+        (tmp_path / "faults.xml").write_text(f"<testsuites><testsuite>{''.join(order)}</testsuite></testsuites>")
+        tables.append(table(str(tmp_path / "faults.xml")))
+    rows = tables[0].splitlines()[2:]
+    assert tables[0] == tables[1]
+    assert [row.split(" | ")[1] for row in rows] == [f"fault of test_{n}" for n in "cdab"]
+    assert [row.split(" | ")[0] for row in rows] == ["| default"] * 2 + ["| per-step"] * 2

@@ -10,7 +10,8 @@ import xml.etree.ElementTree as ET
 
 
 def table(junit_xml: str) -> str:
-    """One row a recorded case, the default's first, each mode's in the order they ran."""
+    """One row a recorded case, the default's first, each mode's by test name: the same table from any run, however
+    its workers shared the cases out."""
     rows = []
     for case in ET.parse(junit_xml).getroot().iter("testcase"):
         props = {p.get("name"): p.get("value") for p in case.iter("property")}
@@ -19,9 +20,10 @@ def table(junit_xml: str) -> str:
         failed = case.find("failure") is not None or case.find("error") is not None
         result = "FAILED" if failed else "skipped" if case.find("skipped") is not None else "passed"
         mode = props.get("mode", "per-step")
-        rows.append(f"| {mode} | {props['fault']} | {props['where']} | {result} | {props['outcome']} |")
-    rows.sort(key=lambda row: not row.startswith("| default |"))
-    return "\n".join(["| mode | fault | where | result | outcome |", "|---|---|---|---|---|", *rows])
+        row = f"| {mode} | {props['fault']} | {props['where']} | {result} | {props['outcome']} |"
+        rows.append((mode != "default", case.get("classname"), case.get("name"), row))
+    header = ["| mode | fault | where | result | outcome |", "|---|---|---|---|---|"]
+    return "\n".join([*header, *(row for *_, row in sorted(rows))])
 
 
 if __name__ == "__main__":
