@@ -455,23 +455,34 @@ def console(*argv: str) -> int | str | None:
 # -------------------------------------------------------------------------------------------------------- DDP ranks
 
 
+def script_env(**extra: str) -> dict[str, str]:
+    """The environment of a suite script run in a process of its own: this one's, one torch thread, the checkout
+    importable, ``extra`` on top. Lightning's ``seed_everything`` in this process (the app, the harness) leaves
+    ``PL_GLOBAL_SEED`` and ``PL_SEED_WORKERS`` behind; the script must not inherit them, or its runs depend on test
+    order."""
+    here = {k: v for k, v in os.environ.items() if not k.startswith("PL_")}
+    return here | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)} | extra
+
+
+def run_script(module: str, *args: str | Path) -> None:
+    """``python -m module *args`` in a process of its own, from the checkout; fails with its output's end unless it
+    succeeds."""
+    cmd = [sys.executable, "-m", module, *map(str, args)]
+    done = subprocess.run(cmd, cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
+
+
 def run_scenarios(out_dir: Path, scenarios: dict[str, tuple[str, ...]]) -> dict[str, list[dict]]:
     """Run every scenario (name: ``(kind, strategy, resume)``, then the batches of a user module's run and the
     nodes, 1 or 2: one process each, as a cluster launcher starts them) one after another in one process group of
     two ranks (``tests/ddp_worker.py``); returns what each rank wrote, by scenario. The first scenario's placement is
     the process group's rendezvous (through environment variables)."""
     defaults = ("", 1)  # batches, nodes
-    specs = ["|".join(map(str, (name, *s, *defaults[len(s) - 3 :]))) for name, s in scenarios.items()]
-    env = {
-        # Lightning's seed_everything in this process (the app, the harness) leaves PL_GLOBAL_SEED and
-        # PL_SEED_WORKERS behind; the ranks must not inherit them, or their runs depend on test order
-        **{k: v for k, v in os.environ.items() if not k.startswith("PL_")},
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": str(ROOT),
-    }
-    cmd = [sys.executable, "-m", "tests.ddp_worker", str(out_dir), *specs]
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
+    run_script(
+        "tests.ddp_worker",
+        out_dir,
+        *("|".join(map(str, (n, *s, *defaults[len(s) - 3 :]))) for n, s in scenarios.items()),
+    )
     load = partial(torch.load, weights_only=False)
     return {name: [load(out_dir / name / f"rank{r}.pt") for r in range(2)] for name in scenarios}
 

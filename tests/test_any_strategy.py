@@ -6,7 +6,6 @@ notebooks). The two-rank runs are in ``tests/test_ddp.py`` (env-launched) and be
 from __future__ import annotations
 
 import copy
-import os
 import pickle
 import subprocess
 import sys
@@ -50,6 +49,7 @@ from tests.helpers import (
     hybrid_trainer,
     loader,
     scheduler_of,
+    script_env,
 )
 
 RULES = {"default": {**RULE_PHASES, **DEFAULT_JUMPING}, "gpa": {"predictor": "gpa", **RULE_PHASES}}
@@ -200,8 +200,7 @@ def test_lightnings_own_launchers_run_the_callback_alone_on_two_ranks_and_resume
     and jump, end with bitwise equal weights, and a resume from step 32 ends bitwise as the uninterrupted run."""
     procs = {}
     for launcher in ("ddp", "ddp_spawn"):
-        env = {**os.environ, "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-        env = {k: v for k, v in env.items() if not k.startswith("PL_")}
+        env = script_env(MASTER_PORT=str(free_port()))
         cmd = [sys.executable, "-m", "tests.launched_ranks", launcher, str(tmp_path / launcher)]
         procs[launcher] = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     for launcher, proc in procs.items():

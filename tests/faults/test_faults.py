@@ -6,7 +6,6 @@ tests.faults.table`` turns the JUnit XML of a run into the table in docs/reliabi
 
 import json
 import math
-import os
 import signal
 import subprocess
 import sys
@@ -375,12 +374,9 @@ def test_a_rank_killed_mid_cycle_under_hybrid_ddp_ends_the_other_and_both_resume
     bitwise as the uninterrupted run."""
     from tests.faults.killed_rank import EVERY
     from tests.forked_ranks import tail
-    from tests.helpers import ROOT
+    from tests.helpers import run_script
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PL_")} | {"OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "tests.faults.killed_rank", str(tmp_path)]
-    done = subprocess.run(cmd, cwd=ROOT, env=env | {"PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
-    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    run_script("tests.faults.killed_rank", tmp_path)
     codes = json.loads((tmp_path / "exit_codes.json").read_text())
     killed_at = int((tmp_path / "killed_at").read_text())
     assert codes["killed"][1] == -signal.SIGKILL and codes["killed"][0] not in (0, None), tail(tmp_path / "killed")
