@@ -67,9 +67,10 @@ def distributed_runs(tmp_path_factory) -> tuple:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The longest groups first (the two-rank launch, then the served TensorBoard page): xdist hands work out in
-    collection order, and a long group handed out last would run alone at the end while the other core idles."""
-    first = ("ranks", "tensorboard_page", "killed_rank")
+    """The longest groups first (the two-rank launch, the served TensorBoard page, then the launches of runs that
+    kill themselves): xdist hands work out in collection order, and a long group handed out last would run alone at
+    the end while the other core idles."""
+    first = ("ranks", "tensorboard_page", "killed_rank", "killed")
 
     def rank(item: pytest.Item) -> int:
         groups = [m.args[0] for m in item.iter_markers("xdist_group")]

@@ -1,21 +1,63 @@
-"""A hybrid run that checkpoints at every epoch end (2 steps) and, with ``--kill``, SIGKILLs itself in the middle
-of a Predict segment: ``python -m tests.faults.kill_worker ROOT [--kill]``."""
+"""Runs that SIGKILL themselves, each in a process forked from this one (``tests.forked_ranks.forked``), which imports
+once: the per-step mode in the middle of a Predict segment (checkpoints every 2 steps, an epoch's end), and the
+default on short cycles one step after the checkpoint at each point of its cycle (``POINTS``), with no clean-up at
+all. Each run's checkpoints go to ``<root>/<name>/``, its output to ``<root>/<name>.log``, every run's exit code to
+``<root>/exit_codes.json``.
+
+    python -m tests.faults.kill_worker <root>
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from lightning_hybrid import Phase
-from tests.helpers import RegressionModel, hybrid_trainer, loader, scheduler_of
+from lightning_hybrid import Phase, hybrid_callbacks
+from tests.faults.common import MODES
+from tests.forked_ranks import forked
+from tests.helpers import RegressionModel, flat_params, hybrid_trainer, loader, scheduler_of
 
 STEPS = 40
 KILL_AFTER = 20  # the first Predict step past this one, with a predicted step already applied
+CYCLE_STEPS = 80  # 2 steps an epoch, a checkpoint at each epoch's end (plain Lightning resumes those bitwise)
+DEFAULT_SHORT = {**MODES["default"], "warmup_steps": 6}  # cycle ends at even steps: each point has a checkpoint
+POINTS = {  # a point of the default's cycle, known from a checkpoint's scheduler state (and the one before it)
+    "in the plugin's warm-up": lambda s, _: s["machine"]["phase"] == 0 and s["machine"]["phase_step"] > 0,
+    "just before a jump": lambda s, _: s["family"]["jump_due"],
+    "between a jump and its verdict": lambda s, _: s["family"]["pending"],
+    "right after an undo": lambda s, b: (
+        s["record"]["counters"]["jumps_rejected"] > b["record"]["counters"]["jumps_rejected"]
+    ),
+}
+
+
+def scheduler_state(checkpoint: Path) -> dict[str, Any]:
+    """The plugin's state in a checkpoint file."""
+    callbacks = torch.load(checkpoint, weights_only=False)["callbacks"]
+    return next(v for k, v in callbacks.items() if "HybridScheduler" in k)
+
+
+def first_at_each_point(checkpoints: list[Path]) -> dict[str, Path]:
+    """Of checkpoints in step order, the first at each point of the cycle (never the first checkpoint)."""
+    states, found = [scheduler_state(p) for p in checkpoints], {}
+    for i, (path, state) in enumerate(zip(checkpoints, states, strict=True)):
+        for point, at in POINTS.items():
+            if point not in found and i > 0 and at(state, states[i - 1]):
+                found[point] = path
+    return found
+
+
+def by_step(folder: Path) -> list[Path]:
+    return sorted(folder.glob("*.ckpt"), key=lambda p: int(p.stem.split("=")[1]))
 
 
 class KillMidPredict(L.Callback):
@@ -26,7 +68,25 @@ class KillMidPredict(L.Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class KillAfterPoint(L.Callback):
+    """The step after the first checkpoint at ``point`` runs, then SIGKILL (Lightning calls checkpointing callbacks
+    last: the step's end has nothing to save, and the checkpoint before it is read as the next step starts)."""
+
+    def __init__(self, folder: Path, point: str) -> None:
+        self.folder, self.point, self.due = folder, point, False
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: object) -> None:
+        latest = by_step(self.folder)[-2:]
+        fresh = bool(latest) and latest[-1].stem == f"step={trainer.global_step}"
+        self.due = fresh and self.point in first_at_each_point(latest)
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
+        if self.due:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
 def run(root: Path, kill: bool = False, ckpt_path: Path | None = None) -> RegressionModel:
+    """The per-step mode's run, checkpointing every 2 steps; with ``kill``, dying inside a Predict segment."""
     checkpoints = ModelCheckpoint(dirpath=root, every_n_train_steps=2, save_top_k=-1, filename="{step}")
     extra = [checkpoints, KillMidPredict()] if kill else [checkpoints]
     trainer, _ = hybrid_trainer(STEPS, extra_callbacks=extra, logger=False, enable_checkpointing=True)
@@ -35,5 +95,28 @@ def run(root: Path, kill: bool = False, ckpt_path: Path | None = None) -> Regres
     return model
 
 
+def cycle_run(root: Path, ckpt_path: Path | None = None, kill_after: str | None = None) -> tuple[torch.Tensor, dict]:
+    """The default on short cycles, checkpointing every 2 steps into ``root`` (unless resuming ``ckpt_path``);
+    with ``kill_after``, dying the step after the first checkpoint at that point. Its weights and summary."""
+    saving = ckpt_path is None
+    extra = [ModelCheckpoint(root, every_n_train_steps=2, save_top_k=-1, filename="{step}")] if saving else []
+    extra += [KillAfterPoint(root, kill_after)] if kill_after else []
+    trainer, _ = hybrid_trainer(CYCLE_STEPS, hybrid=hybrid_callbacks(**DEFAULT_SHORT), extra_callbacks=extra,
+                                logger=False, enable_checkpointing=saving, default_root_dir=root)  # fmt: skip
+    model = RegressionModel(scheduler=True)
+    trainer.fit(model, loader(64, batch_size=32), ckpt_path=ckpt_path)
+    return flat_params(model), scheduler_of(trainer).summary()
+
+
+KILLS = {"per-step": partial(run, kill=True), **{point: partial(cycle_run, kill_after=point) for point in POINTS}}
+
+
+def main(root: Path) -> None:
+    names = list(KILLS)
+    codes = forked([partial(KILLS[n], root / n) for n in names], [root / f"{n}.log" for n in names])
+    (root / "exit_codes.json").write_text(json.dumps(dict(zip(names, codes))))
+
+
 if __name__ == "__main__":
-    run(Path(sys.argv[1]), kill="--kill" in sys.argv)
+    torch.set_num_threads(1)
+    main(Path(sys.argv[1]))

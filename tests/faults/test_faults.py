@@ -7,8 +7,6 @@ tests.faults.table`` turns the JUnit XML of a run into the table in docs/reliabi
 import json
 import math
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import lightning as L
@@ -25,6 +23,8 @@ from lightning_hybrid import (
 )
 from lightning_hybrid.predictors import LinearPredictor, Plan
 from tests.faults.common import MODES, FailAt, FaultyModel, FiniteWatch, record, train
+from tests.faults.kill_worker import CYCLE_STEPS, DEFAULT_SHORT, KILL_AFTER, POINTS, by_step, first_at_each_point, run
+from tests.faults.kill_worker import cycle_run as cycle_run_of
 from tests.golden import differences
 from tests.helpers import FAST_PHASES, RegressionModel, flat_params, hybrid_trainer, loader, scheduler_of
 
@@ -241,18 +241,24 @@ def test_damaged_checkpoint_fails_with_a_clear_error(record_property, tmp_path, 
     record(record_property, f"checkpoint: {damage}", "resume", "refused: " + message, mode)
 
 
-@pytest.mark.slow
-def test_sigkill_mid_predict_then_resume_matches_the_uninterrupted_run(record_property, tmp_path):
-    from tests.faults.kill_worker import KILL_AFTER, run
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory) -> tuple[Path, dict[str, int]]:
+    """Every run of ``tests/faults/kill_worker.py`` that SIGKILLs itself, forked from one process: the folder of
+    each one's checkpoints, and each one's exit code."""
+    from tests.helpers import run_script
 
+    root = tmp_path_factory.mktemp("killed")
+    run_script("tests.faults.kill_worker", root)
+    return root, json.loads((root / "exit_codes.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("killed")  # one launch of the runs that kill themselves
+def test_sigkill_mid_predict_then_resume_matches_the_uninterrupted_run(record_property, tmp_path, killed):
+    root, codes = killed
+    assert codes["per-step"] == -signal.SIGKILL, (root / "per-step.log").read_text()[-3000:]
     reference = flat_params(run(tmp_path / "uninterrupted"))
-    root = Path(__file__).parents[2]
-    killed = subprocess.run(
-        [sys.executable, "-m", "tests.faults.kill_worker", str(tmp_path / "killed"), "--kill"], cwd=root
-    )
-    assert killed.returncode == -signal.SIGKILL
-    checkpoints = sorted((tmp_path / "killed").glob("*.ckpt"), key=lambda p: int(p.stem.split("=")[1]))
-    last = checkpoints[-1]
+    last = by_step(root / "per-step")[-1]
     assert int(last.stem.split("=")[1]) > KILL_AFTER - 2  # it died after this checkpoint, inside a segment
     resumed = flat_params(run(tmp_path / "resumed", ckpt_path=last))
     assert torch.equal(resumed, reference)
@@ -260,62 +266,38 @@ def test_sigkill_mid_predict_then_resume_matches_the_uninterrupted_run(record_pr
     record(record_property, "process SIGKILLed mid-Predict", "predicted step", outcome)
 
 
-CYCLE_STEPS = 80  # 2 steps an epoch, a checkpoint at each epoch's end (plain Lightning resumes those bitwise)
-DEFAULT_SHORT = {**MODES["default"], "warmup_steps": 6}  # cycle ends at even steps: each point has a checkpoint
-POINTS = {  # a point of the default's cycle, known from a checkpoint's scheduler state (and the one before it)
-    "in the plugin's warm-up": lambda s, _: s["machine"]["phase"] == 0 and s["machine"]["phase_step"] > 0,
-    "just before a jump": lambda s, _: s["family"]["jump_due"],
-    "between a jump and its verdict": lambda s, _: s["family"]["pending"],
-    "right after an undo": lambda s, b: (
-        s["record"]["counters"]["jumps_rejected"] > b["record"]["counters"]["jumps_rejected"]
-    ),
-}
-
-
-def _cycle_run(root: Path, ckpt_path: Path | None = None):
-    from lightning.pytorch.callbacks import ModelCheckpoint
-
-    saving = ckpt_path is None
-    extra = [ModelCheckpoint(root / "ckpt", every_n_train_steps=2, save_top_k=-1, filename="{step}")] if saving else []
-    trainer, _ = hybrid_trainer(CYCLE_STEPS, hybrid=hybrid_callbacks(**DEFAULT_SHORT), extra_callbacks=extra,
-                                logger=False, enable_checkpointing=saving, default_root_dir=root)  # fmt: skip
-    model = RegressionModel(scheduler=True)
-    trainer.fit(model, loader(64, batch_size=32), ckpt_path=ckpt_path)
-    return flat_params(model), scheduler_of(trainer).summary()
-
-
 @pytest.fixture(scope="module")
 def cycle_run(tmp_path_factory):
     """The uninterrupted run, with a checkpoint at every epoch's end, and the first checkpoint at each point."""
     root = tmp_path_factory.mktemp("cycle")
-    params, summary = _cycle_run(root)
-    paths = sorted((root / "ckpt").glob("*.ckpt"), key=lambda p: int(p.stem.split("=")[1]))
-    states = [next(v for k, v in torch.load(p, weights_only=False)["callbacks"].items() if "HybridScheduler" in k)
-              for p in paths]  # fmt: skip
-    found = {}
-    for i, (path, state) in enumerate(zip(paths, states, strict=True)):
-        for point, at in POINTS.items():
-            if point not in found and i > 0 and at(state, states[i - 1]):
-                found[point] = path
-    return params, summary, found
+    params, summary = cycle_run_of(root / "ckpt")
+    return params, summary, first_at_each_point(by_step(root / "ckpt"))
 
 
+@pytest.mark.xdist_group("killed")
 @pytest.mark.parametrize("point", list(POINTS))
-def test_the_default_killed_at_any_point_of_its_cycle_resumes_from_its_last_checkpoint_bitwise(
-    record_property, tmp_path, cycle_run, point
+def test_the_default_sigkilled_at_any_point_of_its_cycle_resumes_from_its_last_checkpoint_bitwise(
+    record_property, tmp_path, cycle_run, killed, point
 ):
-    """A process killed right after a checkpoint loses only what came after it: resumed from the checkpoint at each
-    point of the default's cycle, the run ends bitwise as the uninterrupted one, with the same jumps made, kept and
-    undone (a real SIGKILL, with no clean-up at all, is the per-step row's and the console's own test)."""
+    """A run SIGKILLed, with no clean-up at all, the step after its first checkpoint at each point of the default's
+    cycle: that checkpoint is its last, and resumed from it the run ends bitwise as the uninterrupted one, with the
+    same jumps made, kept and undone."""
     params, summary, found = cycle_run
+    root, codes = killed
     assert point in found, f"no checkpoint {point} in {CYCLE_STEPS} steps"
-    resumed, resumed_summary = _cycle_run(tmp_path, ckpt_path=found[point])
+    assert codes[point] == -signal.SIGKILL, (root / f"{point}.log").read_text()[-3000:]
+    last = by_step(root / point)[-1]
+    assert last.name == found[point].name  # killed right after the point, as the uninterrupted run passed it
+    resumed, resumed_summary = cycle_run_of(tmp_path, ckpt_path=last)
     assert torch.equal(resumed, params)
     counts = ("jumps_made", "jumps_kept", "jumps_undone", "backward_passes", "steps_by_phase")
     assert [resumed_summary[k] for k in counts] == [summary[k] for k in counts]
     assert summary["jumps_undone"] >= 1 and summary["jumps_kept"] >= 1
-    outcome = f"resumed from {found[point].name}; final weights bitwise equal to the uninterrupted run"
-    record(record_property, "process stopped right after a checkpoint", point, outcome, "default")
+    step = int(last.stem.split("=")[1])
+    outcome = (
+        f"SIGKILLed at step {step + 1}; resumed from {last.name}; final weights bitwise equal to the uninterrupted run"
+    )
+    record(record_property, "process SIGKILLed", point, outcome, "default")
 
 
 def test_an_error_inside_a_jump_reaches_the_user_and_the_run_resumes_bitwise(record_property, tmp_path, cycle_run):
@@ -349,7 +331,7 @@ def test_an_error_inside_a_jump_reaches_the_user_and_the_run_resumes_bitwise(rec
     finally:
         outer.plan = planned
     assert failed and trainer.state.status == "interrupted"
-    resumed, resumed_summary = _cycle_run(tmp_path / "resumed", ckpt_path=root / "on_exception.ckpt")
+    resumed, resumed_summary = cycle_run_of(tmp_path / "resumed", ckpt_path=root / "on_exception.ckpt")
     assert torch.equal(resumed, params) and resumed_summary["jumps_made"] == summary["jumps_made"]
     # the last checkpoint before the error is the uninterrupted run's own, whose resume the row "just before a
     # jump" runs: the same weights and plugin state
