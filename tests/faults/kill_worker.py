@@ -1,14 +1,16 @@
 """Runs that SIGKILL themselves, each in a process forked from this one (``tests.forked_ranks.forked``), which imports
 once: the per-step mode in the middle of a Predict segment (checkpoints every 2 steps, an epoch's end), and the
 default on short cycles one step after the checkpoint at each point of its cycle (``POINTS``), with no clean-up at
-all. Each run's checkpoints go to ``<root>/<name>/``, its output to ``<root>/<name>.log``, every run's exit code to
-``<root>/exit_codes.json``.
+all, and while writing its checkpoint between a jump and its verdict. Each run's checkpoints go to
+``<root>/<name>/``, its output to ``<root>/<name>.log``, every run's exit code to ``<root>/exit_codes.json``.
 
     python -m tests.faults.kill_worker <root>
 """
 
 from __future__ import annotations
 
+import copy
+import io
 import json
 import os
 import signal
@@ -20,6 +22,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins import TorchCheckpointIO
 
 from lightning_hybrid import Phase, hybrid_callbacks
 from tests.faults.common import MODES
@@ -68,6 +71,28 @@ class KillMidPredict(L.Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class DyingWrite(TorchCheckpointIO):
+    """Writes half of the first checkpoint whose plugin state is at ``point``, then SIGKILL: a kill during a
+    checkpoint's write (Lightning writes the file in place, with no rename), which leaves it cut short."""
+
+    def __init__(self, point: str) -> None:
+        super().__init__()
+        self.point, self.before = point, None
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        state = next(v for k, v in checkpoint["callbacks"].items() if "HybridScheduler" in k)
+        if self.before is not None and POINTS[self.point](state, self.before):
+            written = io.BytesIO()
+            torch.save(checkpoint, written)
+            with open(path, "wb") as file:
+                file.write(written.getvalue()[: written.tell() // 2])
+                file.flush()
+                os.fsync(file.fileno())
+            os.kill(os.getpid(), signal.SIGKILL)
+        self.before = copy.deepcopy(state)
+        super().save_checkpoint(checkpoint, path, storage_options)
+
+
 class KillAfterPoint(L.Callback):
     """The step after the first checkpoint at ``point`` runs, then SIGKILL (Lightning calls checkpointing callbacks
     last: the step's end has nothing to save, and the checkpoint before it is read as the next step starts)."""
@@ -95,20 +120,30 @@ def run(root: Path, kill: bool = False, ckpt_path: Path | None = None) -> Regres
     return model
 
 
-def cycle_run(root: Path, ckpt_path: Path | None = None, kill_after: str | None = None) -> tuple[torch.Tensor, dict]:
+def cycle_run(
+    root: Path, ckpt_path: Path | None = None, kill_after: str | None = None, kill_writing: str | None = None
+) -> tuple[torch.Tensor, dict]:
     """The default on short cycles, checkpointing every 2 steps into ``root`` (unless resuming ``ckpt_path``);
-    with ``kill_after``, dying the step after the first checkpoint at that point. Its weights and summary."""
+    with ``kill_after``, dying the step after the first checkpoint at that point; with ``kill_writing``, while
+    writing it. Its weights and summary."""
     saving = ckpt_path is None
     extra = [ModelCheckpoint(root, every_n_train_steps=2, save_top_k=-1, filename="{step}")] if saving else []
     extra += [KillAfterPoint(root, kill_after)] if kill_after else []
+    plugins = [DyingWrite(kill_writing)] if kill_writing else []
     trainer, _ = hybrid_trainer(CYCLE_STEPS, hybrid=hybrid_callbacks(**DEFAULT_SHORT), extra_callbacks=extra,
-                                logger=False, enable_checkpointing=saving, default_root_dir=root)  # fmt: skip
+                                logger=False, enable_checkpointing=saving, default_root_dir=root,
+                                plugins=plugins)  # fmt: skip
     model = RegressionModel(scheduler=True)
     trainer.fit(model, loader(64, batch_size=32), ckpt_path=ckpt_path)
     return flat_params(model), scheduler_of(trainer).summary()
 
 
-KILLS = {"per-step": partial(run, kill=True), **{point: partial(cycle_run, kill_after=point) for point in POINTS}}
+WRITING = "between a jump and its verdict"  # the point at which a run dies writing its checkpoint
+KILLS = {
+    "per-step": partial(run, kill=True),
+    **{point: partial(cycle_run, kill_after=point) for point in POINTS},
+    "writing": partial(cycle_run, kill_writing=WRITING),
+}
 
 
 def main(root: Path) -> None:

@@ -23,7 +23,16 @@ from lightning_hybrid import (
 )
 from lightning_hybrid.predictors import LinearPredictor, Plan
 from tests.faults.common import MODES, FailAt, FaultyModel, FiniteWatch, record, train
-from tests.faults.kill_worker import CYCLE_STEPS, DEFAULT_SHORT, KILL_AFTER, POINTS, by_step, first_at_each_point, run
+from tests.faults.kill_worker import (
+    CYCLE_STEPS,
+    DEFAULT_SHORT,
+    KILL_AFTER,
+    POINTS,
+    WRITING,
+    by_step,
+    first_at_each_point,
+    run,
+)
 from tests.faults.kill_worker import cycle_run as cycle_run_of
 from tests.golden import differences
 from tests.helpers import FAST_PHASES, RegressionModel, flat_params, hybrid_trainer, loader, scheduler_of
@@ -298,6 +307,25 @@ def test_the_default_sigkilled_at_any_point_of_its_cycle_resumes_from_its_last_c
         f"SIGKILLed at step {step + 1}; resumed from {last.name}; final weights bitwise equal to the uninterrupted run"
     )
     record(record_property, "process SIGKILLed", point, outcome, "default")
+
+
+@pytest.mark.xdist_group("killed")
+def test_the_default_sigkilled_writing_a_checkpoint_refuses_it_by_name_and_resumes_from_the_one_before(
+    record_property, tmp_path, cycle_run, killed
+):
+    """A run SIGKILLed half-way through writing its checkpoint between a jump and its verdict: that file, cut
+    short, is refused by name; the one before it resumes the run, which ends bitwise as the uninterrupted one."""
+    params, summary, found = cycle_run
+    root, codes = killed
+    assert codes["writing"] == -signal.SIGKILL, (root / "writing.log").read_text()[-3000:]
+    *_, before, cut = by_step(root / "writing")
+    assert cut.name == found[WRITING].name and cut.stat().st_size < before.stat().st_size
+    with pytest.raises(RuntimeError, match=r"Cannot read the checkpoint .*: it is truncated, damaged or not a"):
+        cycle_run_of(tmp_path / "cut", ckpt_path=cut)
+    resumed, resumed_summary = cycle_run_of(tmp_path / "before", ckpt_path=before)
+    assert torch.equal(resumed, params) and resumed_summary["jumps_made"] == summary["jumps_made"]
+    outcome = f"{cut.name}, cut short, refused by name; resumed from {before.name}, bitwise the uninterrupted run"
+    record(record_property, "process SIGKILLed writing a checkpoint", WRITING, outcome, "default")
 
 
 def test_an_error_inside_a_jump_reaches_the_user_and_the_run_resumes_bitwise(record_property, tmp_path, cycle_run):
