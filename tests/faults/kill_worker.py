@@ -72,8 +72,10 @@ class KillMidPredict(L.Callback):
 
 
 class DyingWrite(TorchCheckpointIO):
-    """Writes half of the first checkpoint whose plugin state is at ``point``, then SIGKILL: a kill during a
-    checkpoint's write (Lightning writes the file in place, with no rename), which leaves it cut short."""
+    """Writes half of the first checkpoint whose plugin state is at ``point`` in place, then SIGKILL: a kill during
+    a write that is not atomic. Lightning's own writes a temporary file and moves it, atomic on one filesystem; a
+    move across filesystems copies, and a user's ``CheckpointIO`` may write in place: either can leave the file
+    cut short."""
 
     def __init__(self, point: str) -> None:
         super().__init__()
