@@ -147,10 +147,13 @@ class HybridStrategyMixin(StepRouting):
         return one_permutation(super().process_dataloader(dataloader))
 
 
-def _clip_present_gradients(plugin: Any, optimizer: Optimizer, *args: Any, **kwargs: Any) -> None:
-    """The precision plugin's own ``clip_gradients``, where a parameter holds a gradient."""
-    if any(p.grad is not None for group in optimizer.param_groups for p in group["params"]):
-        type(plugin).clip_gradients(plugin, optimizer, *args, **kwargs)
+def _clip_present_gradients(
+    plugin: Any, optimizer: Optimizer, clip_val: float = 0.0, *args: Any, **kwargs: Any
+) -> None:
+    """The precision plugin's own ``clip_gradients``, where a parameter holds a gradient. Without a positive
+    ``clip_val`` Lightning's does nothing: the parameters are not looked through at every step."""
+    if clip_val > 0 and any(p.grad is not None for group in optimizer.param_groups for p in group["params"]):
+        type(plugin).clip_gradients(plugin, optimizer, clip_val, *args, **kwargs)
 
 
 class HybridPredictStrategy(HybridStrategyMixin, SingleDeviceStrategy):
