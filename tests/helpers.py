@@ -549,9 +549,24 @@ def written(paths: Iterable[Path]) -> dict[Path, tuple[int, int]]:
     return {path: (path.stat().st_ino, path.stat().st_mtime_ns) for path in paths}
 
 
+def step_of(checkpoint: Path) -> int:
+    """The step of a checkpoint saved as ``step=N.ckpt`` (``ModelCheckpoint(filename="{step}")``)."""
+    return int(checkpoint.stem.split("=")[1])
+
+
+def by_step(folder: Path) -> list[Path]:
+    """The checkpoints in ``folder``, every one saved as ``step=N.ckpt`` (another name fails), by step."""
+    return sorted(folder.glob("*.ckpt"), key=step_of)
+
+
 def saved_checkpoints(out_dir: Path) -> list[Path]:
     """A `save` scenario's checkpoints, by step."""
-    return sorted((out_dir / "ckpt").glob("*.ckpt"), key=lambda p: int(p.stem.split("=")[1]))
+    return by_step(out_dir / "ckpt")
+
+
+def plugin_state(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """The ``HybridScheduler``'s state in a checkpoint's contents (Lightning keys each callback's by its class)."""
+    return next(v for k, v in checkpoint["callbacks"].items() if "HybridScheduler" in k)
 
 
 @contextmanager

@@ -12,7 +12,16 @@ from torch.utils.data import DataLoader
 from lightning_hybrid import hybrid_callbacks, is_unverified_checkpoint
 from lightning_hybrid.callbacks.base import STATE_VERSION
 from tests.golden import DATA
-from tests.helpers import RULE, RegressionModel, flat_params, hybrid_trainer, loader, regression_data, scheduler_of
+from tests.helpers import (
+    RULE,
+    RegressionModel,
+    flat_params,
+    hybrid_trainer,
+    loader,
+    plugin_state,
+    regression_data,
+    scheduler_of,
+)
 
 LIGHTNING_KEYS = {"epoch", "global_step", "pytorch-lightning_version", "state_dict", "loops", "callbacks"}
 LIGHTNING_KEYS |= {"optimizer_states", "lr_schedulers", "hparams_name", "hyper_parameters"}
@@ -26,10 +35,6 @@ def _trainer(root, hybrid: bool = True, max_steps: int = 30, callbacks=(), **kwa
         default_root_dir=root, **plain, **kwargs,
     )  # fmt: skip
     return trainer
-
-
-def _scheduler_state(checkpoint: dict) -> dict:
-    return next(v for k, v in checkpoint["callbacks"].items() if "HybridScheduler" in k)
 
 
 def test_the_lr_finder_suggests_plain_lightnings_rate_and_the_fit_after_it_jumps(tmp_path):
@@ -84,7 +89,7 @@ def test_a_checkpoint_saved_outside_fit_loads_and_resumes(tmp_path, when):
     path = tmp_path / "outside.ckpt"
     trainer.save_checkpoint(path)
     checkpoint = torch.load(path, weights_only=True)
-    state = _scheduler_state(checkpoint)
+    state = plugin_state(checkpoint)
     assert state["version"] == STATE_VERSION and (state["family"] is None) == (when != "after fit")
     resumed, again = _trainer(tmp_path / "resumed", max_steps=40), RegressionModel(seed=1)
     resumed.fit(again, loader(), ckpt_path=path)
@@ -107,14 +112,14 @@ def test_the_plugins_state_lives_under_its_callbacks_and_nothing_lands_beside_th
     for name in files:
         checkpoint = torch.load(tmp_path / "ckpt" / name, weights_only=True)
         assert set(checkpoint) <= LIGHTNING_KEYS, set(checkpoint) - LIGHTNING_KEYS  # Lightning's tests compare it
-        assert _scheduler_state(checkpoint)["unverified"] == is_unverified_checkpoint(checkpoint)
+        assert plugin_state(checkpoint)["unverified"] == is_unverified_checkpoint(checkpoint)
     assert not list(tmp_path.rglob("hybrid_summary.json"))
 
 
 def test_the_unverified_flag_of_an_earlier_layout_is_still_read():
     old = torch.load(DATA / "state_v2_outer_guarded_pending.ckpt", weights_only=False)
     assert old["hybrid_unverified_segment"] and is_unverified_checkpoint(old)
-    assert "unverified" not in _scheduler_state(old)  # version 2 kept it at the top level
+    assert "unverified" not in plugin_state(old)  # version 2 kept it at the top level
 
 
 class NoOptimizer(RegressionModel):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from lightning_hybrid import Phase
-from tests.helpers import FSDP_UNITS, USER_STEPS, saved_checkpoints
+from tests.helpers import FSDP_UNITS, USER_STEPS, saved_checkpoints, step_of
 from tests.user_modules import token_windows
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ranks")]  # two processes, launched once for all (conftest)
@@ -172,7 +172,7 @@ def test_a_sharded_resume_of_a_module_as_users_write_it_is_exact(distributed_run
     plugin says nothing of the loader."""
     root, runs = distributed_runs
     full, resumed = runs[f"save-{saved}"], runs[f"resumed-{saved}"]
-    assert [int(p.stem.split("=")[1]) for p in saved_checkpoints(root / f"save-{saved}")] == checkpoints
+    assert [step_of(p) for p in saved_checkpoints(root / f"save-{saved}")] == checkpoints
     for before, after in zip(full, resumed):
         assert after["steps"] == USER_STEPS and torch.equal(after["params"], before["params"])
         jumps = [[run.get("summary", {}).get(k) for k in JUMP_COUNTS] for run in (before, after)]  # none if plain

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 
 from lightning_hybrid import DivergenceMonitor, DynamicsPredictor, HybridScheduler, ResidualCorrector
 from lightning_hybrid.demos.finetune import FineTuneGPT, PydocText, fingerprint, pretrained_weights
-from tests.helpers import FAST_PHASES, SometimesExploding, hybrid_trainer, scheduler_of
+from tests.helpers import FAST_PHASES, SometimesExploding, by_step, hybrid_trainer, scheduler_of
 
 pytest.importorskip("peft")
 TINY = dict(n_layer=1, n_head=2, n_embd=32, block_size=16, pretrain_steps=5, lr=1e-2, max_steps=40)
@@ -97,7 +97,7 @@ def test_the_plugin_predicts_and_rolls_back_only_the_adapters_and_resumes_exactl
     summary = scheduler_of(trainer).summary()
     assert summary["segments_started"] > 0 and summary["rollbacks"] > 0 and summary["backward_skipped"] > 0
     assert all(torch.equal(p, base[n]) for n, p in _base(model).items())  # the base weights: bitwise untouched
-    ckpts = sorted((tmp_path / "full" / "ckpt").glob("*.ckpt"), key=lambda p: int(p.stem.split("=")[1]))
+    ckpts = by_step(tmp_path / "full" / "ckpt")
     mid = [p for p in ckpts if _phase(p) == 2]
     assert mid, "no checkpoint inside a Predict segment"
     resumed, resumed_trainer = _run(tmp_path / "resumed", mid[0])

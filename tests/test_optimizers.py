@@ -19,6 +19,7 @@ from tests.helpers import (
     APP_TRAINER,
     MuonModel,
     app_config,
+    by_step,
     flat_params,
     hybrid_trainer,
     loader,
@@ -96,7 +97,7 @@ def test_resume_from_a_checkpoint_in_every_phase_is_bitwise_exact(tmp_path):
     checkpoints = ModelCheckpoint(tmp_path, every_n_train_steps=16, save_top_k=-1, filename="{step}")
     model, trainer, _ = _fit(extra_callbacks=[checkpoints], enable_checkpointing=True)
     want, summary = flat_params(model), scheduler_of(trainer).summary()
-    paths = sorted(tmp_path.glob("step=*.ckpt"), key=lambda p: int(p.stem.split("=")[1]))
+    paths = by_step(tmp_path)
     assert [p.stem for p in paths][:3] == ["step=16", "step=32", "step=48"]
     for path in paths[:3]:
         resumed, again, _ = _fit(ckpt_path=path)

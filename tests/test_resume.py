@@ -10,7 +10,17 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_hybrid import Phase
-from tests.helpers import RegressionModel, flat_params, hybrid_trainer, loader, resume_callbacks, scheduler_of
+from tests.helpers import (
+    RegressionModel,
+    by_step,
+    flat_params,
+    hybrid_trainer,
+    loader,
+    plugin_state,
+    resume_callbacks,
+    scheduler_of,
+    step_of,
+)
 
 STEPS = 40
 
@@ -35,7 +45,7 @@ def _run(root, ckpt_path=None, checkpoint_every_epoch=False, kind="linear", memo
 def _state(path):
     """The scheduler's state in a checkpoint: the phase machine's, the family's and the counters, side by side."""
     checkpoint = torch.load(path, weights_only=False)
-    state = next(v for k, v in checkpoint["callbacks"].items() if "HybridScheduler" in k)
+    state = plugin_state(checkpoint)
     return {**state["machine"], **state["family"], "counters": state["record"]["counters"]}
 
 
@@ -43,7 +53,7 @@ def test_resume_from_every_phase_is_bitwise_exact(tmp_path):
     model, trainer = _run(tmp_path / "full", checkpoint_every_epoch=True)
     reference = flat_params(model)
     reference_summary = scheduler_of(trainer).summary()
-    ckpts = sorted((tmp_path / "full" / "ckpt").glob("*.ckpt"), key=lambda p: int(p.stem.split("=")[1]))
+    ckpts = by_step(tmp_path / "full" / "ckpt")
     by_phase = {}
     for path in ckpts:
         state = _state(path)
@@ -71,7 +81,7 @@ def test_resume_mid_predict_then_roll_back_restores_the_checkpointed_snapshot(tm
     )
     reference = flat_params(model)
     assert scheduler_of(trainer).counters.rollbacks >= 2
-    ckpts = sorted((tmp_path / "full" / "ckpt").glob("*.ckpt"), key=lambda p: int(p.stem.split("=")[1]))
+    ckpts = by_step(tmp_path / "full" / "ckpt")
     states = [_state(p) for p in ckpts]
     # mid-segment checkpoints whose segment is rolled back within the next two steps: resuming uses their snapshot
     followed_by_rollback = [
@@ -97,7 +107,7 @@ def test_resume_with_a_learned_predictor_and_the_bandit_is_bitwise_exact(tmp_pat
     assert scheduler.predictor.predictor.train_steps > 0
     assert sum(scheduler.bandit.horizons.counts) > 0
     assert scheduler.counters.steps_by_phase["predict"] > 0
-    ckpts = {int(p.stem.split("=")[1]): p for p in (tmp_path / "full" / "ckpt").glob("*.ckpt")}
+    ckpts = {step_of(p): p for p in by_step(tmp_path / "full" / "ckpt")}
     mid_predict = [s for s, p in sorted(ckpts.items()) if _state(p)["snapshot"] is not None]
     for step in sorted({10, 24, *mid_predict[:1]}):
         resumed, _ = _run(tmp_path / f"resume_{step}", ckpt_path=ckpts[step], kind=kind)

@@ -11,17 +11,14 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning_hybrid import hybrid_callbacks
 from lightning_hybrid.callbacks.base import STATE_VERSION
 from tests.golden import DATA, FIXTURES, REL_TOL, checkpointed_run, differences
-
-
-def _scheduler_state(checkpoint: dict) -> dict:
-    return next(v for k, v in checkpoint["callbacks"].items() if "HybridScheduler" in k)
+from tests.helpers import plugin_state
 
 
 @pytest.mark.parametrize("name", sorted(FIXTURES))
 def test_a_checkpoint_of_an_earlier_layout_resumes_as_the_uninterrupted_run(tmp_path, name):
     hybrid, model, trainer = FIXTURES[name]
     old = torch.load(DATA / name, weights_only=False)
-    assert _scheduler_state(old).get("version", 1) < STATE_VERSION  # written before this layout
+    assert plugin_state(old).get("version", 1) < STATE_VERSION  # written before this layout
     uninterrupted = checkpointed_run(tmp_path / "full", hybrid(), model=model, trainer=trainer)
     resumed = checkpointed_run(tmp_path / "resumed", hybrid(), DATA / name, model, trainer)
     # The fixture's floats come from the machine that wrote it; the golden runs compare them bitwise where the
@@ -40,7 +37,7 @@ def test_a_checkpoint_of_an_earlier_layout_resumes_as_the_uninterrupted_run(tmp_
 
 def test_outer_jumps_counted_as_segments_by_the_old_layout_are_counted_as_jumps(tmp_path):
     hybrid, model, trainer = FIXTURES["state_v1_engine_outer_pending.ckpt"]
-    old = _scheduler_state(torch.load(DATA / "state_v1_engine_outer_pending.ckpt", weights_only=False))
+    old = plugin_state(torch.load(DATA / "state_v1_engine_outer_pending.ckpt", weights_only=False))
     assert old["counters"]["segments_started"] > 0  # the old layout counted jumps as segments
     summary = checkpointed_run(tmp_path, hybrid(), DATA / "state_v1_engine_outer_pending.ckpt", model, trainer)
     summary = summary["behaviour"]["summary"]
@@ -52,7 +49,7 @@ def test_outer_jumps_counted_as_segments_by_the_old_layout_are_counted_as_jumps(
 def test_the_state_is_written_in_this_layout(tmp_path):
     hybrid, model, trainer = FIXTURES["state_v1_engine_outer_pending.ckpt"]
     checkpointed_run(tmp_path, hybrid(), model=model, trainer=trainer)
-    state = _scheduler_state(torch.load(tmp_path / "ckpt" / "step=30.ckpt", weights_only=False))
+    state = plugin_state(torch.load(tmp_path / "ckpt" / "step=30.ckpt", weights_only=False))
     assert state["version"] == STATE_VERSION == 3
     assert set(state) == {"version", "machine", "policy", "record", "deferred", "family", "unverified"}
     assert state["unverified"]  # a jump awaits its verdict at step 30

@@ -21,9 +21,11 @@ from tests.helpers import (
     RegressionModel,
     bare_engine,
     bare_step,
+    by_step,
     flat_params,
     hybrid_trainer,
     loader,
+    plugin_state,
     report_of,
     scheduler_of,
     snoo,
@@ -532,7 +534,7 @@ def _checkpointed_run(root, predictor, ckpt_path=None, batch_size=16, **settings
 
 def _engine_state(path):
     checkpoint = torch.load(path, weights_only=False)
-    return checkpoint, next(v for k, v in checkpoint["callbacks"].items() if "HybridScheduler" in k)
+    return checkpoint, plugin_state(checkpoint)
 
 
 @pytest.mark.parametrize(
@@ -616,7 +618,7 @@ def test_resume_inside_an_outer_verification_window_is_bitwise_exact(tmp_path, k
     model, trainer = _checkpointed_run(tmp_path / "full", ALIGNED[kind]())
     reference = flat_params(model)
     inside = []
-    for path in sorted((tmp_path / "full" / "ckpt").glob("*.ckpt"), key=lambda p: int(p.stem.split("=")[1])):
+    for path in by_step(tmp_path / "full" / "ckpt"):
         checkpoint, state = _engine_state(path)
         if state["family"]["pending"] and checkpoint["global_step"] < 40:  # the last one has no step to resume
             assert is_unverified_checkpoint(checkpoint)

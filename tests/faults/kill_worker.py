@@ -27,7 +27,7 @@ from lightning.pytorch.plugins import TorchCheckpointIO
 from lightning_hybrid import Phase, hybrid_callbacks
 from tests.faults.common import MODES
 from tests.forked_ranks import forked
-from tests.helpers import RegressionModel, flat_params, hybrid_trainer, loader, scheduler_of
+from tests.helpers import RegressionModel, by_step, flat_params, hybrid_trainer, loader, plugin_state, scheduler_of
 
 STEPS = 40
 KILL_AFTER = 20  # the first Predict step past this one, with a predicted step already applied
@@ -43,24 +43,14 @@ POINTS = {  # a point of the default's cycle, known from a checkpoint's schedule
 }
 
 
-def scheduler_state(checkpoint: Path) -> dict[str, Any]:
-    """The plugin's state in a checkpoint file."""
-    callbacks = torch.load(checkpoint, weights_only=False)["callbacks"]
-    return next(v for k, v in callbacks.items() if "HybridScheduler" in k)
-
-
 def first_at_each_point(checkpoints: list[Path]) -> dict[str, Path]:
     """Of checkpoints in step order, the first at each point of the cycle (never the first checkpoint)."""
-    states, found = [scheduler_state(p) for p in checkpoints], {}
+    states, found = [plugin_state(torch.load(p, weights_only=False)) for p in checkpoints], {}
     for i, (path, state) in enumerate(zip(checkpoints, states, strict=True)):
         for point, at in POINTS.items():
             if point not in found and i > 0 and at(state, states[i - 1]):
                 found[point] = path
     return found
-
-
-def by_step(folder: Path) -> list[Path]:
-    return sorted(folder.glob("*.ckpt"), key=lambda p: int(p.stem.split("=")[1]))
 
 
 class KillMidPredict(L.Callback):
@@ -82,7 +72,7 @@ class DyingWrite(TorchCheckpointIO):
         self.point, self.before = point, None
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
-        state = next(v for k, v in checkpoint["callbacks"].items() if "HybridScheduler" in k)
+        state = plugin_state(checkpoint)
         if self.before is not None and POINTS[self.point](state, self.before):
             written = io.BytesIO()
             torch.save(checkpoint, written)

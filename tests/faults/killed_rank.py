@@ -24,7 +24,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning_hybrid import HybridDDPStrategy, hybrid_callbacks
 from lightning_hybrid.callbacks import find_scheduler
 from tests import forked_ranks
-from tests.helpers import DEFAULT_JUMPING, RULE_PHASES, RegressionModel, loader
+from tests.helpers import DEFAULT_JUMPING, RULE_PHASES, RegressionModel, by_step, loader
 from tests.launched_ranks import KeepWeights, two_ranks
 
 STEPS, EVERY, KILL_AFTER = 24, 8, 18
@@ -59,8 +59,7 @@ def fit(out: Path, name: str, kill: bool = False, ckpt_path: Path | None = None)
 
 def uninterrupted_then_resumed(out: Path) -> None:
     fit(out, "full")
-    last = max((out / "killed" / "ckpt").glob("*.ckpt"), key=lambda p: int(p.stem.split("=")[1]))
-    fit(out, "resumed", ckpt_path=last)
+    fit(out, "resumed", ckpt_path=by_step(out / "killed" / "ckpt")[-1])
 
 
 def main(out: Path) -> None:

@@ -29,13 +29,21 @@ from tests.faults.kill_worker import (
     KILL_AFTER,
     POINTS,
     WRITING,
-    by_step,
     first_at_each_point,
     run,
 )
 from tests.faults.kill_worker import cycle_run as cycle_run_of
 from tests.golden import differences
-from tests.helpers import FAST_PHASES, RegressionModel, flat_params, hybrid_trainer, loader, scheduler_of
+from tests.helpers import (
+    FAST_PHASES,
+    RegressionModel,
+    by_step,
+    flat_params,
+    hybrid_trainer,
+    loader,
+    scheduler_of,
+    step_of,
+)
 
 REFERENCE: dict[str, float] = {}
 MODE_NAMES = sorted(MODES)  # "default" (the `outer` rule, jumping on short cycles) and "per-step"
@@ -268,7 +276,7 @@ def test_sigkill_mid_predict_then_resume_matches_the_uninterrupted_run(record_pr
     assert codes["per-step"] == -signal.SIGKILL, (root / "per-step.log").read_text()[-3000:]
     reference = flat_params(run(tmp_path / "uninterrupted"))
     last = by_step(root / "per-step")[-1]
-    assert int(last.stem.split("=")[1]) > KILL_AFTER - 2  # it died after this checkpoint, inside a segment
+    assert step_of(last) > KILL_AFTER - 2  # it died after this checkpoint, inside a segment
     resumed = flat_params(run(tmp_path / "resumed", ckpt_path=last))
     assert torch.equal(resumed, reference)
     outcome = f"resumed from {last.name}; final weights bitwise equal to the uninterrupted run"
@@ -302,9 +310,9 @@ def test_the_default_sigkilled_at_any_point_of_its_cycle_resumes_from_its_last_c
     counts = ("jumps_made", "jumps_kept", "jumps_undone", "backward_passes", "steps_by_phase")
     assert [resumed_summary[k] for k in counts] == [summary[k] for k in counts]
     assert summary["jumps_undone"] >= 1 and summary["jumps_kept"] >= 1
-    step = int(last.stem.split("=")[1])
     outcome = (
-        f"SIGKILLed at step {step + 1}; resumed from {last.name}; final weights bitwise equal to the uninterrupted run"
+        f"SIGKILLed at step {step_of(last) + 1}; resumed from {last.name}; final weights bitwise equal to the "
+        "uninterrupted run"
     )
     record(record_property, "process SIGKILLed", point, outcome, "default")
 
@@ -363,7 +371,7 @@ def test_an_error_inside_a_jump_reaches_the_user_and_the_run_resumes_bitwise(rec
     assert torch.equal(resumed, params) and resumed_summary["jumps_made"] == summary["jumps_made"]
     # the last checkpoint before the error is the uninterrupted run's own, whose resume the row "just before a
     # jump" runs: the same weights and plugin state
-    last = max((root / "ckpt").glob("*.ckpt"), key=lambda p: int(p.stem.split("=")[1]))
+    last = by_step(root / "ckpt")[-1]
     assert last.name == found["just before a jump"].name
     states = [torch.load(path, weights_only=False) for path in (last, found["just before a jump"])]
     plugin = [{k: v for k, v in state["callbacks"].items() if "Checkpoint" not in k} for state in states]
