@@ -27,7 +27,7 @@ from lightning.pytorch.plugins import TorchCheckpointIO
 from lightning_hybrid import Phase, hybrid_callbacks
 from tests.faults.common import MODES
 from tests.forked_ranks import forked
-from tests.helpers import RegressionModel, by_step, flat_params, hybrid_trainer, loader, plugin_state, scheduler_of
+from tests.helpers import RegressionModel, flat_params, hybrid_trainer, loader, plugin_state, scheduler_of
 
 STEPS = 40
 KILL_AFTER = 20  # the first Predict step past this one, with a predicted step already applied
@@ -61,19 +61,21 @@ class KillMidPredict(L.Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-class DyingWrite(TorchCheckpointIO):
-    """Writes half of the first checkpoint whose plugin state is at ``point`` in place, then SIGKILL: a kill during
-    a write that is not atomic. Lightning's own writes a temporary file and moves it, atomic on one filesystem; a
-    move across filesystems copies, and a user's ``CheckpointIO`` may write in place: either can leave the file
-    cut short."""
+class AtPoint(TorchCheckpointIO):
+    """Saves as Lightning does, and says whether the checkpoint it saved last is the run's first at ``point`` (its
+    plugin state against the one saved before it). With ``die_writing``, that checkpoint is written half, in place,
+    and the process SIGKILLed: a kill during a write that is not atomic. Lightning's own writes a temporary file and
+    moves it, atomic on one filesystem; a move across filesystems copies, and a user's ``CheckpointIO`` may write in
+    place: either can leave the file cut short."""
 
-    def __init__(self, point: str) -> None:
+    def __init__(self, point: str, die_writing: bool = False) -> None:
         super().__init__()
-        self.point, self.before = point, None
+        self.point, self.die_writing, self.before, self.reached = point, die_writing, None, False
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
         state = plugin_state(checkpoint)
-        if self.before is not None and POINTS[self.point](state, self.before):
+        self.reached = self.before is not None and POINTS[self.point](state, self.before)
+        if self.reached and self.die_writing:
             written = io.BytesIO()
             torch.save(checkpoint, written)
             with open(path, "wb") as file:
@@ -85,17 +87,15 @@ class DyingWrite(TorchCheckpointIO):
         super().save_checkpoint(checkpoint, path, storage_options)
 
 
-class KillAfterPoint(L.Callback):
-    """The step after the first checkpoint at ``point`` runs, then SIGKILL (Lightning calls checkpointing callbacks
-    last: the step's end has nothing to save, and the checkpoint before it is read as the next step starts)."""
+class KillAfter(L.Callback):
+    """The step after ``watch`` saved the checkpoint at its point runs, then SIGKILL (Lightning calls checkpointing
+    callbacks last: that step's end saves nothing)."""
 
-    def __init__(self, folder: Path, point: str) -> None:
-        self.folder, self.point, self.due = folder, point, False
+    def __init__(self, watch: AtPoint) -> None:
+        self.watch, self.due = watch, False
 
     def on_train_batch_start(self, trainer: L.Trainer, *args: object) -> None:
-        latest = by_step(self.folder)[-2:]
-        fresh = bool(latest) and latest[-1].stem == f"step={trainer.global_step}"
-        self.due = fresh and self.point in first_at_each_point(latest)
+        self.due, self.watch.reached = self.watch.reached, False
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
         if self.due:
@@ -113,18 +113,18 @@ def run(root: Path, kill: bool = False, ckpt_path: Path | None = None) -> Regres
 
 
 def cycle_run(
-    root: Path, ckpt_path: Path | None = None, kill_after: str | None = None, kill_writing: str | None = None
+    root: Path, ckpt_path: Path | None = None, kill_at: str | None = None, writing: bool = False
 ) -> tuple[torch.Tensor, dict]:
     """The default on short cycles, checkpointing every 2 steps into ``root`` (unless resuming ``ckpt_path``);
-    with ``kill_after``, dying the step after the first checkpoint at that point; with ``kill_writing``, while
-    writing it. Its weights and summary."""
+    with ``kill_at``, dying the step after the first checkpoint at that point, or with ``writing`` while writing
+    it. Its weights and summary."""
     saving = ckpt_path is None
     extra = [ModelCheckpoint(root, every_n_train_steps=2, save_top_k=-1, filename="{step}")] if saving else []
-    extra += [KillAfterPoint(root, kill_after)] if kill_after else []
-    plugins = [DyingWrite(kill_writing)] if kill_writing else []
+    watch = [AtPoint(kill_at, die_writing=writing)] if kill_at else []
+    extra += [KillAfter(watch[0])] if kill_at and not writing else []
     trainer, _ = hybrid_trainer(CYCLE_STEPS, hybrid=hybrid_callbacks(**DEFAULT_SHORT), extra_callbacks=extra,
                                 logger=False, enable_checkpointing=saving, default_root_dir=root,
-                                plugins=plugins)  # fmt: skip
+                                plugins=watch)  # fmt: skip
     model = RegressionModel(scheduler=True)
     trainer.fit(model, loader(64, batch_size=32), ckpt_path=ckpt_path)
     return flat_params(model), scheduler_of(trainer).summary()
@@ -133,8 +133,8 @@ def cycle_run(
 WRITING = "between a jump and its verdict"  # the point at which a run dies writing its checkpoint
 KILLS = {
     "per-step": partial(run, kill=True),
-    **{point: partial(cycle_run, kill_after=point) for point in POINTS},
-    "writing": partial(cycle_run, kill_writing=WRITING),
+    **{point: partial(cycle_run, kill_at=point) for point in POINTS},
+    "writing": partial(cycle_run, kill_at=WRITING, writing=True),
 }
 
 
