@@ -46,7 +46,7 @@ TIMED = {"cycle_end": "cycle_end", "jump": "_jump"}  # what is reported -> Outer
 class Count(TorchDispatchMode):
     """Counts the operations dispatched, the ``_foreach_`` ones and the reads to the host among them, and the bytes
     they move: each operation reads its tensor arguments once and writes its results, or the argument it updates in
-    place, once (a copy's target counts as read too: a bound, not an exact figure)."""
+    place, once; a copy's target is written, not read."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -61,7 +61,8 @@ class Count(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         in_place = name.split(".")[0].endswith("_")
         written = args[0] if out is None and in_place else out  # in-place foreach ops return nothing
-        self.bytes += _bytes((args, kwargs)) + _bytes(written)
+        read = args[1:] if name.startswith(("copy_", "_foreach_copy_")) else args
+        self.bytes += _bytes((read, kwargs)) + _bytes(written)
         return out
 
 

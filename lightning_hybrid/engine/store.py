@@ -85,6 +85,11 @@ class ParameterStore:
         starts = [sum(sizes[:i]) for i in range(len(sizes))]
         self.buffer_groups = [self.buffer[s : s + n] for s, n in zip(starts, sizes)]
 
+    def buffer_replaced(self) -> None:
+        """The buffer's list now holds other tensors (a jump's landing point, taken over without a copy): its
+        groups follow."""
+        self._allocate_buffer(self.buffer)
+
     def _ensure_buffer(self) -> None:
         if not self.buffer:
             self._allocate_buffer()

@@ -160,10 +160,10 @@ class OuterMomentum(TrajectoryRule):
             held.put_away()
 
     def jump(self, params: list[Tensor], anchor: list[Tensor], measure: bool = True) -> JumpPlan:
-        """The cycle's end: move ``params`` in place to the new anchor and leave it in ``anchor`` too, unless
+        """The cycle's end: move ``params`` in place to the new anchor, which ``anchor``'s items become, unless
         ``restart`` finds the cycle pointing against the momentum (then the momentum is reset and nothing moves:
         the returned plan's ``restart``). With ``measure``, the plan's ``size`` is ``[|d|², |weights|²]`` over every
-        rank, on the device, ``d`` the jump before ``keep_norms`` scales the tensors back.
+        rank, ``d`` the jump before ``keep_norms`` scales the tensors back.
 
         Everything that can fail (an allocation, the collective, the restart's read) comes before the first write
         (:mod:`~lightning_hybrid.predictors.outer_jump`): a jump that raises leaves the weights, the anchor, the

@@ -1,15 +1,20 @@
 """The ``outer`` rule's jump in two parts, so that a jump that fails leaves nothing half-done: :func:`plan` does
 everything that can fail (allocating, summing over ranks, reading the host) while the run's tensors are only read,
-and :meth:`JumpPlan.commit` then writes them with in-place operations that allocate nothing and wait for nothing.
+and :meth:`JumpPlan.commit` then makes it with one copy into the weights, which allocates nothing and waits for
+nothing; the new anchor, momentum and last jump are the plan's own tensors, taken over without a copy.
 
-The restart's cosine, the jump, its size and ``keep_norms``' scales come out of the same passes: two norms over
-the displacement, the momentum and the weights before and after, read as squared sums in float64, whose
-differences give the dot products (``2 μ s·b = |s + μ b|² - |s|² - μ²|b|²``)."""
+The restart's cosine, the jump's size and ``keep_norms``' scales come out of one fused norm over the displacement,
+the momentum before and after, and the weights before and after, read as squared sums in float64, whose differences
+give the dot products (``2 μ s·b = |s + μ b|² - |s|² - μ²|b|²``). Where the restart or ``keep_norms`` reads the
+host, it reads every norm at once, and the scales go back as the scalars of one fused multiplication."""
 
 from __future__ import annotations
 
+import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -17,23 +22,21 @@ from torch import Tensor
 
 @dataclass
 class JumpPlan:
-    """A jump computed and not yet made: the new momentum ``b'``, the move, and what was decided."""
+    """A jump computed and not yet made: the new momentum ``b'``, the weights it lands on, the move, and what was
+    decided."""
 
     momentum: list[Tensor]  # b' = μ b + s (empty when μ = 0)
-    moved: list[Tensor]  # the move to make, after keep_norms (``is_move``); else the new weights themselves
-    is_move: bool
+    weights: list[Tensor]  # where the jump lands: the new weights, and the next anchor
+    moved: list[Tensor]  # the move, kept for an undo (empty unless asked for)
     restart: bool  # the cycle pointed against the momentum: reset it and make no jump
-    size: Tensor | None  # [|d|², |w|²] over every rank, d the jump before keep_norms
+    size: Tensor | tuple[float, float] | None  # [|d|², |w|²] over every rank, d the jump before keep_norms
 
     def commit(self, params: list[Tensor], anchor: list[Tensor]) -> None:
-        """Make the jump: ``params`` and ``anchor`` to the new weights, in place."""
+        """Make the jump: ``anchor``'s items become the new weights (a list: nothing is written yet where it is
+        not), and ``params`` are copied to them, in place."""
+        anchor[:] = self.weights
         with torch.no_grad():
-            if self.is_move:
-                torch._foreach_add_(params, self.moved)
-                torch._foreach_copy_(anchor, params)
-            else:
-                torch._foreach_copy_(params, self.moved)
-                torch._foreach_copy_(anchor, self.moved)
+            torch._foreach_copy_(params, self.weights)
 
 
 def plan(
@@ -50,68 +53,80 @@ def plan(
     sum_across_ranks: Callable[[Tensor], Tensor] | None,
 ) -> JumpPlan:
     """The jump from ``anchor`` after a cycle that ended at ``params`` with outer momentum ``b``: ``s = anchor -
-    params``, ``b' = μ b + s``, ``d = (1 - η) s - η μ b'``, the weights ``params + d`` (each tensor scaled back to
-    its norm with ``keep_norms``); with ``keep_move``, the plan holds the move to them instead, kept for an undo.
-    With ``check_restart``, ``restart`` is whether ``s · b <= 0`` (both nonzero): the one read of the host.
-    ``sum_across_ranks``: where ranks hold shards, the one collective, over every squared norm."""
-    n = len(params)
+    params``, ``b' = μ b + s``, the weights ``params + d`` with ``d = (1 - η) s - η μ b' = (1 - η - ημ) s - ημ² b``
+    (each tensor scaled back to its norm with ``keep_norms``); with ``keep_move``, the move to them too, kept for an
+    undo. With ``check_restart``, ``restart`` is whether ``s · b <= 0`` (both nonzero). The restart and
+    ``keep_norms`` read the host once between them. ``sum_across_ranks``: where ranks hold shards, the one
+    collective, over every squared norm."""
+    n, judged = len(params), check_restart or measure
     with torch.no_grad():
-        momentum = torch._foreach_sub(anchor, params)  # s
-        first = ["s", "b"] if mu > 0 and (check_restart or measure) else []  # before s becomes b'
-        norms = list(torch._foreach_norm([*momentum, *b], dtype=torch.float64)) if first else []
+        s = torch._foreach_sub(anchor, params)
+        momentum = torch._foreach_add(s, b, alpha=mu) if mu > 0 else []
+        weights = torch._foreach_add(params, s, alpha=1.0 - eta - eta * mu)
         if mu > 0:
-            torch._foreach_add_(momentum, b, alpha=mu)  # b' = s + μ b
-        weights = torch._foreach_add(params, momentum, alpha=1.0 - eta - eta * mu)  # d = (1-η-ημ) b' - (1-η) μ b
-        if mu > 0:
-            torch._foreach_add_(weights, b, alpha=-(1.0 - eta) * mu)
-        rows = [*first, *(["moved"] if check_restart or measure else []), *(["w"] if keep_norms or measure else [])]
-        rows += ["after"] if keep_norms else []
-        listed = {"moved": momentum, "w": params, "after": weights}
-        later = [t for name in rows[len(first) :] for t in listed[name]]
-        norms += torch._foreach_norm(later, dtype=torch.float64) if later else []  # float64: exact sums
-        if sum_across_ranks is not None and norms:  # each tensor's norm over every rank's shards
-            norms = list(sum_across_ranks(torch.stack(norms).square()).sqrt().unbind())
-        at = {name: norms[i * n : (i + 1) * n] for i, name in enumerate(rows)}
+            torch._foreach_add_(weights, b, alpha=-eta * mu * mu)
+        rows = {"s": s if judged else [], "b": b if judged else [], "moved": momentum if judged else []}
+        rows |= {"w": params if keep_norms or measure else [], "after": weights if keep_norms else []}
+        listed = [t for tensors in rows.values() for t in tensors]
+        norms = torch.stack(torch._foreach_norm(listed, dtype=torch.float64)) if listed else None  # float64: exact
+        if sum_across_ranks is not None and norms is not None:  # each tensor's norm over every rank's shards
+            norms = sum_across_ranks(norms.square()).sqrt()
+        lengths = {name: len(tensors) for name, tensors in rows.items()}
+        del s, rows, listed  # the displacement is no longer needed: freed before the move is allocated
         restart, size = False, None
-        if check_restart or measure:  # the sums, Σ|s|, Σ|b|, Σ|b'| and Σ|w|, in float64
-            count = len(rows) - ("after" in rows)
-            stacked = torch.stack(norms[: count * n]).view(count, n)
-            totals = torch.linalg.vector_norm(stacked, dim=1, dtype=torch.float64)
-            if check_restart:
-                restart = _against([t * t for t in totals[:3].tolist()], mu)  # the one read of the host
-            size = _size(totals.square(), eta, mu, "b" in rows) if measure else None
-        if keep_norms and not restart and n:
-            _scale_back(weights, at["w"], at["after"])
-        if keep_move and not restart:
-            torch._foreach_sub_(weights, params)  # the move made
-    return JumpPlan(momentum if mu > 0 else [], weights, keep_move and not restart, restart, size)
+        if check_restart or keep_norms:
+            restart, size = _on_host(norms, lengths, weights, eta, mu, check_restart, keep_norms, measure)
+        elif measure:
+            size = _size(_totals(norms, lengths, n), eta, mu)
+        moved = torch._foreach_sub(weights, params) if keep_move and not restart else []
+    return JumpPlan(momentum, weights, moved, restart, size)
 
 
-def _against(sums: list[float], mu: float) -> bool:
+def _on_host(
+    norms: Tensor | None,
+    lengths: dict[str, int],
+    weights: list[Tensor],
+    eta: float,
+    mu: float,
+    check_restart: bool,
+    keep_norms: bool,
+    measure: bool,
+) -> tuple[bool, tuple[float, float] | None]:
+    """Read every norm in one read of the host: decide the restart, and scale the new weights back to the norms
+    the old ones had (``keep_norms``); with ``measure``, the jump's size."""
+    read = norms.tolist() if norms is not None else []  # the one read of the host
+    at, start = {}, 0
+    for name, length in lengths.items():
+        at[name], start = read[start : start + length], start + length
+    totals = {name: math.fsum(v * v for v in values) for name, values in at.items()}
+    restart = check_restart and _against(totals["s"], totals["b"], totals["moved"], mu)
+    if keep_norms and not restart and weights:
+        tiny = sys.float_info.min
+        torch._foreach_mul_(weights, [w / max(a, tiny) for w, a in zip(at["w"], at["after"])])
+    return restart, (tuple(_size(totals, eta, mu)) if measure else None)
+
+
+def _totals(norms: Tensor | None, lengths: dict[str, int], n: int) -> dict[str, Tensor]:
+    """The sum of squared norms of each row present (each ``n`` tensors long), on the device."""
+    present = [name for name, length in lengths.items() if length]
+    sums = norms.view(len(present), n).square().sum(dim=1).unbind() if norms is not None else []
+    return dict(zip(present, sums))
+
+
+def _against(s_sq: float, b_sq: float, moved_sq: float, mu: float) -> bool:
     """Whether the cycle's displacement points against the momentum, from ``Σ|s|², Σ|b|², Σ|b'|²``: ``s · b <= 0``,
     both nonzero."""
-    s_sq, b_sq, moved_sq = sums
     return s_sq > 0 and b_sq > 0 and moved_sq - s_sq - mu * mu * b_sq <= 0
 
 
-def _size(totals: Tensor, eta: float, mu: float, with_b: bool) -> Tensor:
-    """``[|d|², |w|²]`` from the squared sums (``[|s|², |b|²]`` with ``with_b``, ``|b'|², |w|²``): ``d = c₁ b' + c₂
-    b``, ``b' · b = μ |b|² + s · b``."""
-    if not with_b:  # d = (1 - η) s
-        return totals[:2] * torch.tensor([(1.0 - eta) ** 2, 1.0], dtype=totals.dtype, device=totals.device)
-    c1, c2 = 1.0 - eta - eta * mu, -(1.0 - eta) * mu
-    s_sq, b_sq, moved_sq, w_sq = totals[:4].unbind()
-    dot = (moved_sq - s_sq + mu * mu * b_sq) / (2 * mu)  # b' · b
-    return torch.stack([c1 * c1 * moved_sq + c2 * c2 * b_sq + 2 * c1 * c2 * dot, w_sq])
-
-
-def _scale_back(weights: list[Tensor], before: list[Tensor], after: list[Tensor]) -> None:
-    """Scale each tensor of ``weights`` (float64 norms ``after``) to the norm ``before``, in place."""
-    torch._foreach_clamp_min_(after, torch.finfo(after[0].dtype).tiny)
-    scale = torch._foreach_div(before, after)
-    dtypes = {w.dtype for w in weights}
-    if len(dtypes) == 1:  # one cast for all: the multiplication stays one fused operation
-        scale = list(torch.stack(scale).to(dtypes.pop()).unbind())
-    else:
-        scale = [s.to(w.dtype) for s, w in zip(scale, weights)]
-    torch._foreach_mul_(weights, scale)
+def _size(totals: dict[str, Any], eta: float, mu: float) -> Any:
+    """``[|d|², |w|²]`` from the squared sums, floats on the host or tensors on the device: ``d = c_s s + c_b b``,
+    ``2 μ s · b = |b'|² - |s|² - μ²|b|²``."""
+    s_sq, w_sq = totals["s"], totals["w"]
+    c_s, c_b = 1.0 - eta - eta * mu, -eta * mu * mu
+    d_sq = c_s * c_s * s_sq
+    if mu > 0:
+        b_sq = totals["b"]
+        dot = (totals["moved"] - s_sq - mu * mu * b_sq) / (2 * mu)
+        d_sq = d_sq + c_b * c_b * b_sq + 2 * c_s * c_b * dot
+    return (d_sq, w_sq) if isinstance(d_sq, float) else torch.stack([d_sq, w_sq])

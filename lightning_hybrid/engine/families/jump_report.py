@@ -21,7 +21,8 @@ class Readings:
     its first decision."""
 
     verdict: tuple[float, float, float] | None = None  # the last delayed verdict: window means before, after; margin
-    size: Tensor | None = None  # the last jump's [|d|², |weights|²] over every rank, on the device until read
+    size: Tensor | tuple[float, float] | None = None  # the last jump's [|d|², |w|²] over ranks, read with the jump's
+    # one read of the host, or on the device until shown
     cycle_margin: float = math.nan  # the last cycle's verdict margin as a fraction of its mean loss
 
 
@@ -52,7 +53,8 @@ class JumpReport:
         readings, rule = self.readings, self.engine.parts.predictor
         before, after, margin = readings.verdict or (math.nan, math.nan, math.nan)
         out.update({"hybrid/verdict_before": before, "hybrid/verdict_after": after, "hybrid/verdict_margin": margin})
-        jump_sq, weights_sq = readings.size.tolist() if readings.size is not None else (math.nan, math.nan)
+        size = readings.size if readings.size is not None else (math.nan, math.nan)
+        jump_sq, weights_sq = size.tolist() if isinstance(size, Tensor) else size
         out["hybrid/jump_size"] = math.sqrt(jump_sq / weights_sq) if weights_sq > 0 else math.nan
         out["hybrid/cycle_margin"] = readings.cycle_margin
         if rule.verify_resolution > 0 and rule.window > 0:

@@ -181,6 +181,7 @@ class OuterJumps(JumpReport, PredictionFamily):
             e.record.counters.jump_restarts += 1
             copy_(e.store.buffer, e.store.params)
             return
+        e.store.buffer_replaced()  # the anchor is now the tensors the jump landed in
         self.readings.size = jumped.size  # over ranks
         e.collectives.parameters_changed()
         e.record.counters.jumps_made += 1
