@@ -6,9 +6,10 @@ alternating in this process, one thread.
 
     python -m benchmarks.gpa_cost        # benchmarks/results/gpa_cost/README.md and gpa_cost.json
 
-The bytes moved: each of the step's ``_foreach_`` operations reads and writes whole parameter lists (``TRAFFIC``:
-how many lists each touches). The estimate divides them by the GPU's memory bandwidth: a lower bound on its time,
-which launch overheads (a few microseconds a kernel) add to.
+The bytes moved: counted by ``benchmarks.jump_cost``'s counter, each operation reading its tensor arguments and
+writing its result once (19 parameter copies: the seven fused operations read or write two or three parameter lists
+each). The estimate divides them by the GPU's memory bandwidth: a lower bound on its time, which launch overheads
+(a few microseconds a kernel) add to.
 """
 
 from __future__ import annotations
@@ -26,9 +27,6 @@ from lightning_hybrid.demos.char_gpt import CharGPT
 from lightning_hybrid.predictors import PrimalAveraging
 
 OUT = RESULTS / "gpa_cost"
-# parameter lists each operation of ``PrimalAveraging.average`` reads and writes: add (p, z -> p), add (p, x -> p),
-# mul (p -> p), add (z, p -> z), lerp (x, z -> x), copy (z -> p), lerp (p, x -> p)
-TRAFFIC = (3, 3, 2, 3, 3, 2, 3)
 FLOOR = 6  # lists any averaging step moves, however fused: it reads and writes the parameters, z and x once each
 H200_BANDWIDTH = 4.8e12  # bytes a second, the H200's HBM3e as NVIDIA states it
 PLAIN_STEP_85M = (0.0232, 0.0286)  # seconds, plain's steady step at 85M on one H200 (gpu/2026-11-27, 3 rounds)
@@ -96,7 +94,7 @@ def measure(repeats: int = 5, shape: tuple[int, int, int] = GPT2_SMALL, cpu_size
         rule.average(params, kept)
         seconds.append(time.perf_counter() - start)
     param_bytes = sum(p.numel() * p.element_size() for p in params)
-    moved = sum(TRAFFIC) * param_bytes
+    moved = count.bytes
     gpu = moved / H200_BANDWIDTH
     return {
         "machine": machine(),
@@ -110,6 +108,7 @@ def measure(repeats: int = 5, shape: tuple[int, int, int] = GPT2_SMALL, cpu_size
         "state_in_parameter_copies": 2,
         "rss_growth_in_parameter_copies": held / param_bytes,
         "bytes_moved": moved,
+        "parameter_copies": moved / param_bytes,
         "h200_seconds_at_bandwidth": gpu,
         "share_of_plain_step_85m": [gpu / s for s in PLAIN_STEP_85M[::-1]],
         "on_the_cpu": {size: against_a_step(*s) for size, s in (cpu_sizes or CPU_SIZES).items()},
@@ -118,6 +117,7 @@ def measure(repeats: int = 5, shape: tuple[int, int, int] = GPT2_SMALL, cpu_size
 
 def to_markdown(r: dict) -> str:
     low, high = r["share_of_plain_step_85m"]
+    over = r["parameter_copies"] / FLOOR
     return (
         "# What primal averaging costs a step\n\n"
         + __doc__.split("\n\n")[0]
@@ -134,9 +134,9 @@ def to_markdown(r: dict) -> str:
         f"at least {r['h200_seconds_at_bandwidth'] * 1e3:.2f} ms: {low:.1%}-{high:.1%} of plain's 85M step there "
         "(the aim: at most 1%).\n"
         f"- The floor, for any implementation that keeps z and x in the parameters' precision (one kernel reading and "
-        f"writing the parameters, z and x once): {FLOOR / sum(TRAFFIC) * low:.1%}-{FLOOR / sum(TRAFFIC) * high:.1%} of "
-        "that step, so the 1% aim is out of reach at 85M on one H200; these fused eager operations move "
-        f"{sum(TRAFFIC) / FLOOR:.1f}x the floor.\n"
+        f"writing the parameters, z and x once): {low / over:.1%}-{high / over:.1%} of that step, so the 1% aim is out "
+        f"of reach at 85M on one H200; these fused eager operations move {r['parameter_copies']:.1f} parameter "
+        f"copies, {over:.1f}x the floor.\n"
         + "".join(
             f"- On the CPU, the char GPT at {size} ({c['parameters'] / 1e6:.2f}M parameters): the averaging step takes "
             f"{c['averaging_over_step']['median']:.1%} ({c['averaging_over_step']['min']:.1%}-"
