@@ -165,34 +165,28 @@ class OuterMomentum(TrajectoryRule):
         the returned plan's ``restart``). With ``measure``, the plan's ``size`` is ``[|d|², |weights|²]`` over every
         rank, ``d`` the jump before ``keep_norms`` scales the tensors back.
 
-        Everything that can fail (an allocation, the collective, the restart's read) comes before the first write
+        Everything that can fail (an allocation, the collective, the read of the host) comes before the first write
         (:mod:`~lightning_hybrid.predictors.outer_jump`): a jump that raises leaves the weights, the anchor, the
         momentum and the last jump as they were, bitwise. On shards (``sum_across_ranks`` set), each tensor's
         norms are its shards' squared norms summed over ranks: one collective a jump."""
-        mu, on_host = self.outer_momentum, "jump" in self._held
-        keeps = on_host or bool(self._jump)  # the last jump is kept for an undo
+        mu = self.outer_momentum
         try:
             planned = plan(
-                params, anchor, self._momentum(), self.outer_lr, mu, keep_norms=self.keep_norms, keep_move=keeps,
+                params, anchor, self._momentum(), self.outer_lr, mu, keep_norms=self.keep_norms,
                 check_restart=self.restart and mu > 0, measure=measure, sum_across_ranks=self.sum_across_ranks,
             )  # fmt: skip
-            kept = self._last_jump(fill=False) if on_host and not planned.restart else []
+            if not planned.restart:  # in place from here on: nothing allocates or waits, nothing fails half-way
+                planned.commit(params, anchor, self._last_jump(fill=False))  # the move kept there, for an undo
         except BaseException:
             for held in self._held.values():
-                held.drop()  # nothing was written: the host values stand
+                held.drop()  # nothing of the run's was written: the host values stand
             raise
         if planned.restart:
             self.reset_momentum()
-        else:  # in place from here on: nothing allocates or waits, so nothing can fail half-way
-            planned.commit(params, anchor)
-            if on_host:
-                torch._foreach_copy_(kept, planned.moved)
-            elif keeps:
-                self._jump = planned.moved  # the plan's tensors become the last jump (and b' the momentum)
-            if mu > 0 and "b" in self._held:
-                torch._foreach_copy_(self._held["b"].on_device(write=True), planned.momentum)
-            elif mu > 0:
-                self._b = planned.momentum
+        elif mu > 0 and "b" in self._held:
+            torch._foreach_copy_(self._held["b"].on_device(write=True), planned.momentum)
+        elif mu > 0:
+            self._b = planned.momentum  # the plan's b' becomes the momentum
         self.put_away()
         return planned
 

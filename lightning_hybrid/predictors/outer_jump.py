@@ -1,12 +1,12 @@
 """The ``outer`` rule's jump in two parts, so that a jump that fails leaves nothing half-done: :func:`plan` does
 everything that can fail (allocating, summing over ranks, reading the host) while the run's tensors are only read,
-and :meth:`JumpPlan.commit` then makes it with one copy into the weights, which allocates nothing and waits for
-nothing; the new anchor, momentum and last jump are the plan's own tensors, taken over without a copy.
+and :meth:`JumpPlan.commit` then makes it in place, allocating nothing and waiting for nothing: the move into the
+last jump's tensors, the weights copied; the new anchor and momentum are the plan's own tensors, taken over.
 
-The restart's cosine, the jump's size and ``keep_norms``' scales come out of one fused norm over the displacement,
-the momentum before and after, and the weights before and after, read as squared sums in float64, whose differences
-give the dot products (``2 μ s·b = |s + μ b|² - |s|² - μ²|b|²``). Where the restart or ``keep_norms`` reads the
-host, it reads every norm at once, and the scales go back as the scalars of one fused multiplication."""
+The restart's cosine, the jump's size and ``keep_norms``' scales come out of two fused norms, over the displacement
+and the momentum, then the new momentum and the weights before and after, read as squared sums in float64, whose
+differences give the dot products (``2 μ s·b = |s + μ b|² - |s|² - μ²|b|²``). Where the restart or ``keep_norms``
+reads the host, it reads every norm at once, and the scales go back as the scalars of one fused multiplication."""
 
 from __future__ import annotations
 
@@ -22,21 +22,22 @@ from torch import Tensor
 
 @dataclass
 class JumpPlan:
-    """A jump computed and not yet made: the new momentum ``b'``, the weights it lands on, the move, and what was
-    decided."""
+    """A jump computed and not yet made: the new momentum ``b'``, the weights it lands on, and what was decided."""
 
     momentum: list[Tensor]  # b' = μ b + s (empty when μ = 0)
     weights: list[Tensor]  # where the jump lands: the new weights, and the next anchor
-    moved: list[Tensor]  # the move, kept for an undo (empty unless asked for)
     restart: bool  # the cycle pointed against the momentum: reset it and make no jump
     size: Tensor | tuple[float, float] | None  # [|d|², |w|²] over every rank, d the jump before keep_norms
 
-    def commit(self, params: list[Tensor], anchor: list[Tensor]) -> None:
-        """Make the jump: ``anchor``'s items become the new weights (a list: nothing is written yet where it is
-        not), and ``params`` are copied to them, in place."""
-        anchor[:] = self.weights
+    def commit(self, params: list[Tensor], anchor: list[Tensor], kept: list[Tensor]) -> None:
+        """Make the jump, in place: the move into ``kept`` (the last jump's tensors, for an undo; nothing where it
+        is empty), ``params`` copied to the new weights, and ``anchor``'s items (a list) become them."""
         with torch.no_grad():
+            if kept:
+                torch._foreach_copy_(kept, self.weights)
+                torch._foreach_sub_(kept, params)
             torch._foreach_copy_(params, self.weights)
+        anchor[:] = self.weights
 
 
 def plan(
@@ -47,39 +48,43 @@ def plan(
     mu: float,
     *,
     keep_norms: bool,
-    keep_move: bool,
     check_restart: bool,
     measure: bool,
     sum_across_ranks: Callable[[Tensor], Tensor] | None,
 ) -> JumpPlan:
     """The jump from ``anchor`` after a cycle that ended at ``params`` with outer momentum ``b``: ``s = anchor -
-    params``, ``b' = μ b + s``, the weights ``params + d`` with ``d = (1 - η) s - η μ b' = (1 - η - ημ) s - ημ² b``
-    (each tensor scaled back to its norm with ``keep_norms``); with ``keep_move``, the move to them too, kept for an
-    undo. With ``check_restart``, ``restart`` is whether ``s · b <= 0`` (both nonzero). The restart and
-    ``keep_norms`` read the host once between them. ``sum_across_ranks``: where ranks hold shards, the one
-    collective, over every squared norm."""
+    params``, ``b' = μ b + s``, the weights ``params + d`` with ``d = (1 - η) s - η μ b' = (1 - η - ημ) b' - (1 -
+    η) μ b``, each tensor scaled back to its norm with ``keep_norms``. With ``check_restart``, ``restart`` is whether
+    ``s · b <= 0`` (both nonzero). The restart and ``keep_norms`` read the host once between them.
+    ``sum_across_ranks``: where ranks hold shards, the one collective, over every squared norm.
+
+    Two parameter-sized tensors are allocated (``b'``, made in place from ``s`` once its norm is taken, and the new
+    weights): with the weights, the anchor, ``b`` and the last jump, the most a jump holds at once."""
     n, judged = len(params), check_restart or measure
     with torch.no_grad():
-        s = torch._foreach_sub(anchor, params)
-        momentum = torch._foreach_add(s, b, alpha=mu) if mu > 0 else []
-        weights = torch._foreach_add(params, s, alpha=1.0 - eta - eta * mu)
+        momentum = torch._foreach_sub(anchor, params)  # s, and b' once its norm is taken
+        rows = {"s": list(momentum) if judged else [], "b": b if judged else []}
+        first = [*rows["s"], *rows["b"]]
+        norms = list(torch._foreach_norm(first, dtype=torch.float64)) if first else []  # float64: exact sums
         if mu > 0:
-            torch._foreach_add_(weights, b, alpha=-eta * mu * mu)
-        rows = {"s": s if judged else [], "b": b if judged else [], "moved": momentum if judged else []}
-        rows |= {"w": params if keep_norms or measure else [], "after": weights if keep_norms else []}
-        listed = [t for tensors in rows.values() for t in tensors]
-        norms = torch.stack(torch._foreach_norm(listed, dtype=torch.float64)) if listed else None  # float64: exact
-        if sum_across_ranks is not None and norms is not None:  # each tensor's norm over every rank's shards
-            norms = sum_across_ranks(norms.square()).sqrt()
+            torch._foreach_add_(momentum, b, alpha=mu)
+        weights = torch._foreach_add(params, momentum, alpha=1.0 - eta - eta * mu)
+        if mu > 0:
+            torch._foreach_add_(weights, b, alpha=-(1.0 - eta) * mu)
+        rows |= {"moved": momentum if judged and mu > 0 else [], "w": params if keep_norms or measure else []}
+        rows["after"] = weights if keep_norms else []
+        later = [*rows["moved"], *rows["w"], *rows["after"]]
+        norms += torch._foreach_norm(later, dtype=torch.float64) if later else []
+        stacked = torch.stack(norms) if norms else None
+        if sum_across_ranks is not None and stacked is not None:  # each tensor's norm over every rank's shards
+            stacked = sum_across_ranks(stacked.square()).sqrt()
         lengths = {name: len(tensors) for name, tensors in rows.items()}
-        del s, rows, listed  # the displacement is no longer needed: freed before the move is allocated
         restart, size = False, None
         if check_restart or keep_norms:
-            restart, size = _on_host(norms, lengths, weights, eta, mu, check_restart, keep_norms, measure)
+            restart, size = _on_host(stacked, lengths, weights, eta, mu, check_restart, keep_norms, measure)
         elif measure:
-            size = _size(_totals(norms, lengths, n), eta, mu)
-        moved = torch._foreach_sub(weights, params) if keep_move and not restart else []
-    return JumpPlan(momentum, weights, moved, restart, size)
+            size = _size(_totals(stacked, lengths, n), eta, mu)
+    return JumpPlan(momentum if mu > 0 else [], weights, restart, size)
 
 
 def _on_host(
@@ -120,8 +125,8 @@ def _against(s_sq: float, b_sq: float, moved_sq: float, mu: float) -> bool:
 
 
 def _size(totals: dict[str, Any], eta: float, mu: float) -> Any:
-    """``[|d|², |w|²]`` from the squared sums, floats on the host or tensors on the device: ``d = c_s s + c_b b``,
-    ``2 μ s · b = |b'|² - |s|² - μ²|b|²``."""
+    """``[|d|², |w|²]`` from the squared sums, floats on the host or tensors on the device: ``d = (1 - η - ημ) s -
+    ημ² b``, ``2 μ s · b = |b'|² - |s|² - μ²|b|²``."""
     s_sq, w_sq = totals["s"], totals["w"]
     c_s, c_b = 1.0 - eta - eta * mu, -eta * mu * mu
     d_sq = c_s * c_s * s_sq

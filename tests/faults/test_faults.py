@@ -348,11 +348,11 @@ def test_an_error_inside_a_jump_reaches_the_user_and_the_run_resumes_bitwise(rec
     params, summary, found = cycle_run
     planned, failed = outer.plan, []
 
-    def plan(*args, **kwargs):  # the first jump's third operation: allocating the weights it lands on
+    def plan(*args, **kwargs):  # the first jump's fourth operation: allocating the weights it lands on
         if failed:
             return planned(*args, **kwargs)
         failed.append(True)
-        with FailAt(2, []):
+        with FailAt(3, []):
             return planned(*args, **kwargs)
 
     root = tmp_path / "failed"

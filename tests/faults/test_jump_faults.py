@@ -84,7 +84,7 @@ def test_an_error_at_any_failing_operation_of_a_jump_leaves_everything_as_it_was
     first_write = next(i for i, (_, writes) in enumerate(counted.seen) if writes)
     later = counted.seen[first_write:]
     assert all(name.split(".")[0].endswith("_") for name, _ in later), later  # in place: nothing can fail there
-    assert first_write >= 4 and counted.seen[first_write][0].startswith("_foreach_copy_")  # into the weights
+    assert first_write >= 4 and counted.seen[first_write][0].startswith("_foreach_copy_")  # the move kept
     for at in range(first_write):
         trial = copy.deepcopy((rule, params, anchor))
         with pytest.raises(Injected), failing(trial[0], FailAt(at, run_tensors(*trial))):
