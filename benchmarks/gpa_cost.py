@@ -7,9 +7,9 @@ alternating in this process, one thread.
     python -m benchmarks.gpa_cost        # benchmarks/results/gpa_cost/README.md and gpa_cost.json
 
 The bytes moved: counted by ``benchmarks.jump_cost``'s counter, each operation reading its tensor arguments and
-writing its result once (19 parameter copies: the seven fused operations read or write two or three parameter lists
-each). The estimate divides them by the GPU's memory bandwidth: a lower bound on its time, which launch overheads
-(a few microseconds a kernel) add to.
+writing its result once (the seven fused operations read or write two or three parameter lists each). The estimate
+divides them by the GPU's memory bandwidth: a lower bound on its time, which launch overheads (a few microseconds a
+kernel) add to.
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ def plan(
     n, judged = len(params), check_restart or measure
     with torch.no_grad():
         momentum = torch._foreach_sub(anchor, params)  # s, and b' once its norm is taken
-        rows = {"s": list(momentum) if judged else [], "b": b if judged else []}
+        rows = {"s": momentum if judged else [], "b": b if judged else []}  # lengths only, once the norms are read
         first = [*rows["s"], *rows["b"]]
         norms = list(torch._foreach_norm(first, dtype=torch.float64)) if first else []  # float64: exact sums
         if mu > 0:
@@ -108,7 +108,7 @@ def _on_host(
     if keep_norms and not restart and weights:
         tiny = sys.float_info.min
         torch._foreach_mul_(weights, [w / max(a, tiny) for w, a in zip(at["w"], at["after"])])
-    return restart, (tuple(_size(totals, eta, mu)) if measure else None)
+    return restart, (_size(totals, eta, mu) if measure else None)
 
 
 def _totals(norms: Tensor | None, lengths: dict[str, int], n: int) -> dict[str, Tensor]:
