@@ -16,7 +16,8 @@ Per mode and round: the median step above plain's median step of the pair, in mi
 then the median and range over rounds. Modes: the default stepping aside (a limit no cycle meets: no cycle judged,
 no jump), the default judging and jumping every cycle (with AdamW as it is, which every ordinary step must read
 to the host to skip a non-finite update, and fused, which skips it on the device so that quiet steps read nothing),
-and the per-step mode backed off and tracking every update.
+the default stepping aside with a TensorBoard logger logging every step (every other mode runs with no logger), and
+the per-step mode backed off and tracking every update.
 Times on a shared machine spread widely, so three figures that hardly vary stand beside them: the plugin's own time
 per step (:class:`OwnTime`, over whole runs: median and range of three) and, per step above plain over a whole run
 of each mode, the Python function calls (a profile's) and the tensor operations (torch's dispatcher's; on a GPU each
@@ -32,12 +33,14 @@ import cProfile
 import json
 import pstats
 import statistics
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.loops.optimization.automatic import Closure
 from lightning.pytorch.strategies import Strategy
 from torch import nn
@@ -51,10 +54,12 @@ from lightning_hybrid.engine import HybridEngine
 from lightning_hybrid.strategy import StepRouting
 
 OUT = RESULTS / "host_work"
-MODES: dict[str, dict[str, Any]] = {  # mode -> hybrid_callbacks settings (and, as `fused`, the optimizer's)
+# mode -> hybrid_callbacks settings, and the run's options: `fused` (the optimizer's), `logged` (a TensorBoard logger)
+MODES: dict[str, dict[str, Any]] = {
     "default_aside": {"verify_resolution": 1e-12},
     "default_jumping": {"verify_resolution": 0.0},
     "default_jumping_fused": {"verify_resolution": 0.0, "fused": True},  # quiet steps guarded on the device
+    "default_aside_logged": {"verify_resolution": 1e-12, "logged": True},  # every step a logging step
     "per_step_backed_off": {"predictor": "linear", "enable_prediction": False},
     "per_step_tracking": {"predictor": "linear", "confidence_threshold": 1.0, "backoff_after": 0},
 }
@@ -95,17 +100,27 @@ class BatchEndStamps(L.Callback):
         return [(b - a) * 1e6 for a, b in zip(self.stamps, self.stamps[1:])]
 
 
-def _fit(steps: int, settings: dict[str, Any] | None, fused: bool = False) -> tuple[list[float], Any]:
+def _fit(steps: int, settings: dict[str, Any] | None, options: dict[str, bool]) -> tuple[list[float], Any]:
+    """One run; ``options``: ``fused`` (the optimizer), ``logged`` (a TensorBoard logger, every step logged)."""
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(8 * steps, 32), torch.randint(0, 10, (8 * steps,)))
     clock = BatchEndStamps()
     hybrid = [] if settings is None else hybrid_callbacks(**settings)
-    trainer = L.Trainer(
-        max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, strategy=HybridPredictStrategy() if hybrid else "auto", callbacks=[*hybrid, clock],
-    )  # fmt: skip
-    trainer.fit(TinyMLP(fused), DataLoader(data, batch_size=8))
+    with tempfile.TemporaryDirectory() as logs:
+        logger = TensorBoardLogger(logs) if options.get("logged") else False
+        trainer = L.Trainer(
+            max_steps=steps, accelerator="cpu", logger=logger, log_every_n_steps=1, enable_checkpointing=False,
+            enable_progress_bar=False, enable_model_summary=False, callbacks=[*hybrid, clock],
+            strategy=HybridPredictStrategy() if hybrid else "auto",
+        )  # fmt: skip
+        trainer.fit(TinyMLP(options.get("fused", False)), DataLoader(data, batch_size=8))
     return clock.steps_us(), hybrid[0].config if hybrid else None
+
+
+def _split(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, bool]]:
+    """A mode's plugin settings, and the run's options (which plain of its pair shares)."""
+    options = {k: settings[k] for k in ("fused", "logged") if k in settings}
+    return {k: v for k, v in settings.items() if k not in options}, options
 
 
 def _positions(steps: int, config: Any) -> tuple[list[int], list[int]]:
@@ -119,12 +134,11 @@ def measure(steps: int, rounds: int) -> dict[str, Any]:
     above: dict[str, dict[str, list[float]]] = {m: {"quiet": [], "cycle": []} for m in MODES}
     plain_us: list[float] = []
     for _ in range(rounds):
-        for mode, settings in MODES.items():  # each mode right after its own plain run: load drifts between pairs
-            settings = dict(settings)
-            fused = settings.pop("fused", False)  # plain of the pair steps the same optimizer
-            plain = _fit(steps, None, fused)[0]
+        for mode, both in MODES.items():  # each mode right after its own plain run: load drifts between pairs
+            settings, options = _split(both)  # plain of the pair steps the same optimizer, with the same logger
+            plain = _fit(steps, None, options)[0]
             plain_us.append(statistics.median(plain[10:]))
-            times, config = _fit(steps, settings, fused)
+            times, config = _fit(steps, settings, options)
             quiet, after = _positions(steps, config)
             above[mode]["quiet"].append(statistics.median([times[i] for i in quiet]) - plain_us[-1])
             above[mode]["cycle"].append(statistics.fmean([times[i] - plain[i] for i in after]))
@@ -185,11 +199,11 @@ class OwnTime:
             setattr(owner, name, function)
 
 
-def own_us(steps: int, settings: dict[str, Any], fused: bool) -> float:
+def own_us(steps: int, settings: dict[str, Any], options: dict[str, bool]) -> float:
     """The plugin's own time per step over one run (:class:`OwnTime`), after a run that warms the code up."""
-    _fit(steps // 4, settings, fused)
+    _fit(steps // 4, settings, options)
     with OwnTime() as own:
-        _fit(steps, settings, fused)
+        _fit(steps, settings, options)
     return own.plugin_ns / steps / 1e3
 
 
@@ -205,14 +219,14 @@ class OpCount(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _counted(steps: int, settings: dict[str, Any] | None, fused: bool) -> tuple[int, int]:
+def _counted(steps: int, settings: dict[str, Any] | None, options: dict[str, bool]) -> tuple[int, int]:
     """Python calls and tensor operations over one run."""
     profiler = cProfile.Profile()
     profiler.enable()
-    _fit(steps, settings, fused)
+    _fit(steps, settings, options)
     profiler.disable()
     with OpCount() as count:
-        _fit(steps, settings, fused)
+        _fit(steps, settings, options)
     return sum(v[1] for v in pstats.Stats(profiler).stats.values()), count.ops
 
 
@@ -220,11 +234,10 @@ def counts(steps: int, repeats: int = 3) -> dict[str, dict[str, Any]]:
     """Per mode: Python calls and tensor operations per step above plain's, over a whole run, and the plugin's own
     time per step over ``repeats`` runs."""
     out = {}
-    for mode, settings in MODES.items():
-        settings = dict(settings)
-        fused = settings.pop("fused", False)
-        plain, hybrid = _counted(steps, None, fused), _counted(steps, settings, fused)
-        own = [own_us(steps, settings, fused) for _ in range(repeats)]
+    for mode, both in MODES.items():
+        settings, options = _split(both)
+        plain, hybrid = _counted(steps, None, options), _counted(steps, settings, options)
+        own = [own_us(steps, settings, options) for _ in range(repeats)]
         out[mode] = {
             "python_calls": (hybrid[0] - plain[0]) / steps,
             "tensor_ops": (hybrid[1] - plain[1]) / steps,
@@ -237,7 +250,7 @@ def profile(steps: int, top: int = 12) -> list[dict[str, Any]]:
     """The plugin's functions with the most time of their own over one run of the default (jumping)."""
     profiler = cProfile.Profile()
     profiler.enable()
-    _fit(steps, MODES["default_jumping"])
+    _fit(steps, MODES["default_jumping"], {})
     profiler.disable()
     stats = pstats.Stats(profiler).stats
     rows = [

@@ -6,6 +6,7 @@ import re
 
 import lightning as L
 import pytest
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.custom_scalar import layout_pb2
@@ -270,6 +271,21 @@ def test_hybrid_scalars_follow_the_trainers_logging_cadence(tmp_path):
     own = [e.step for e in acc.Scalars("train_loss")]
     assert own == [4, 9, 14, 19]  # Lightning's logger steps (`_batches_that_stepped`): every 5th batch
     assert [e.step for e in acc.Scalars("hybrid/phase")] == own  # the same batches, at the same steps
+
+
+def test_a_checkpoint_callback_monitors_a_hybrid_scalar_as_a_self_log_value(tmp_path):
+    """The scalars are in ``trainer.callback_metrics``, as the module's ``self.log`` values are: a
+    ``ModelCheckpoint`` monitoring ``hybrid/loss`` keeps the step whose logged value was lowest."""
+    keep = ModelCheckpoint(tmp_path, "{step}", monitor="hybrid/loss", save_top_k=1, every_n_train_steps=1)
+    hybrid = hybrid_callbacks(**JUMPS)
+    trainer, logger = hybrid_trainer(40, hybrid=hybrid, extra_callbacks=[keep], enable_checkpointing=True)
+    trainer.fit(RegressionModel(), loader())
+    logged = logger.series("hybrid/loss")  # Lightning's logger steps: the batch's global step less one
+    best = min(logged, key=logged.get)
+    assert keep.best_model_path.endswith(f"step={best + 1}.ckpt")
+    assert keep.best_model_score.item() == pytest.approx(logged[best], rel=1e-6)
+    made = trainer.callback_metrics["hybrid/jumps_made"].item()
+    assert made == scheduler_of(trainer).summary()["jumps_made"] == logger.series("hybrid/jumps_made")[39] > 0
 
 
 def test_the_readme_picture_draws_the_default_layout_one_colour_a_series(jumps, tmp_path):

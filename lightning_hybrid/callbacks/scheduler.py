@@ -222,7 +222,7 @@ class HybridScheduler(HybridComponent):
         predicted_loss = engine.end_step(global_step // per_batch)
         self._in_step = False
         if trainer.loggers and logging_step(trainer):
-            log_step(pl_module, engine.metrics(predicted_loss))
+            log_step(trainer, engine.metrics(predicted_loss))
 
     @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
