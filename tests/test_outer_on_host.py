@@ -51,7 +51,9 @@ class HeldWatch(L.Callback):
         engine = scheduler_of(trainer).engine
         rule = engine.parts.predictor
         held = any(h.held for h in rule._held.values())
-        self.rows.append((trainer.global_step, held, engine.family.state.jump_due, len(rule._b) + len(rule._jump)))
+        self.rows.append(
+            (trainer.global_step, held, engine.family.state.jump_due, len(rule._b) + len(rule._before_jump))
+        )
 
 
 def _run(on_host: bool, faults: dict) -> tuple:
@@ -75,7 +77,7 @@ def test_state_on_host_makes_the_same_run_bitwise_and_holds_nothing_on_the_devic
     assert strip(summary) == strip(scheduler.summary())
     assert summary["settings"] == {**scheduler.summary()["settings"], "state_on_host": True}
     assert torch.equal(flat_params(host_model), flat_params(model))
-    for name in ("b", "jump"):
+    for name in ("b", "before_jump"):
         assert all(
             torch.equal(x, y) for x, y in zip(host_rule.state_dict()[name], rule.state_dict()[name], strict=True)
         )
@@ -111,7 +113,7 @@ def test_jumps_with_state_on_host_match_jumps_without_on_every_device(device):
         made.append((params, anchor, state, rule))
     (params, anchor, state, _), (host_params, host_anchor, host_state, host_rule) = made
     assert all(torch.equal(x, y) for x, y in zip([*params, *anchor], [*host_params, *host_anchor], strict=True))
-    for name in ("b", "jump"):
+    for name in ("b", "before_jump"):
         assert all(torch.equal(x, y) for x, y in zip(state[name], host_state[name], strict=True))
         assert any(t.abs().sum() > 0 for t in state[name])
     assert not any(held.held for held in host_rule._held.values())
@@ -128,12 +130,12 @@ def test_the_default_keeps_the_state_on_the_device_and_goes_to_the_host_only_whe
     assert rule.state_on_host is None
     params = [torch.ones(4, device=device)]
     rule.setup(params, keep_jump=True)
-    assert not rule._held and (len(rule._b), len(rule._jump)) == (1, 1) and not rule.held_on_host
+    assert not rule._held and (len(rule._b), len(rule._before_jump)) == (1, 1) and not rule.held_on_host
     if device == "cuda":  # 2 copies of 16 bytes against 60 bytes free: more than half
         monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (60, 10**9))
         crowded = OuterMomentum()
         crowded.setup(params, keep_jump=True)
-        assert set(crowded._held) == {"b", "jump"} and crowded.held_on_host
+        assert set(crowded._held) == {"b", "before_jump"} and crowded.held_on_host
     with pytest.raises(ValueError, match="state_on_host"):
         OuterMomentum(state_on_host="auto")
 

@@ -10,6 +10,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lightning_hybrid import hybrid_callbacks
 from lightning_hybrid.callbacks.base import STATE_VERSION
+from lightning_hybrid.predictors import OuterMomentum
 from tests.golden import DATA, FIXTURES, REL_TOL, checkpointed_run, differences
 from tests.helpers import plugin_state
 
@@ -72,3 +73,22 @@ def test_an_old_checkpoint_of_another_family_is_refused_by_name(tmp_path, name, 
     with pytest.raises((ValueError, MisconfigurationException), match=message):
         trainer.fit(model, loader(64, batch_size=32), ckpt_path=DATA / name)
     assert trainer.global_step == 0
+
+
+@pytest.mark.parametrize("state_on_host", [False, True])
+def test_a_last_jump_saved_before_the_rule_kept_the_weights_before_it_is_undone_the_same(state_on_host):
+    """Checkpoints written before 2026-12-02 keep the default rule's last jump ``d``; the rule now keeps the weights
+    before it. Loaded, ``d`` is saved again as it came until it is used; its undo takes it out of the weights and
+    the anchor, as the rule that wrote it would have."""
+    gen = torch.Generator().manual_seed(0)
+    landed = [torch.randn(5, 3, generator=gen), torch.randn(4, generator=gen)]  # the anchor: where the jump landed
+    rule = OuterMomentum(state_on_host=state_on_host)
+    rule.setup(landed, keep_jump=True)
+    jump = [torch.randn(t.shape, generator=gen) for t in landed]
+    rule.load_state_dict({"b": [torch.zeros_like(t) for t in landed], "jump": jump})
+    assert set(rule.state_dict()) == {"b", "jump"} and torch.equal(rule.state_dict()["jump"][1], jump[1])
+    params, anchor = [t + 0.1 for t in landed], [t.clone() for t in landed]  # a few steps since the jump
+    rule.undo(params, anchor)
+    for p, a, t, d in zip(params, anchor, landed, jump):
+        assert torch.allclose(a, t - d, atol=1e-6) and torch.allclose(p, t + 0.1 - d, atol=1e-6)
+    assert set(rule.state_dict()) == {"b", "before_jump"}

@@ -4,9 +4,9 @@ put in ``trainer.callback_metrics`` (a ``ModelCheckpoint`` or ``EarlyStopping`` 
 
 Not through ``self.log``: Lightning's result collection moves each logged value's record to its device at every
 call, about 0.4 ms a value on a CPU, which for the dozen scalars was 5 ms a logged step, more than the plugin's
-own work of 50 steps (``benchmarks/results/host_work``). They are computed only on the batches Lightning logs,
-and a quiet step's values wait on the device until read. The whole run's summary is written as JSON beside the
-logs."""
+own work of 40 quiet steps (``benchmarks/results/host_work``). They are computed only on the batches Lightning
+logs, and a quiet step's values wait on the device until read. The whole run's summary is written as JSON beside
+the logs."""
 
 from __future__ import annotations
 

@@ -31,8 +31,9 @@ class OuterMomentum(TrajectoryRule):
     next cycle, by the delayed verdict set here: the mean loss of that cycle's last ``verify_window`` steps against
     the same window before the jump. Memory: the anchor lives in the engine's one update buffer; ``b`` adds one
     parameter copy when ``outer_momentum > 0``, and delayed verification or the alignment verdict one more (the
-    last jump). With ``state_on_host`` those two live in host memory, so the device holds the anchor alone, at the
-    price of moving them in and out every cycle.
+    weights before the last jump, which the anchor, where it landed, turns into the jump). With ``state_on_host``
+    those two live in host memory, so the device holds the anchor alone, at the price of moving them in and out
+    every cycle.
 
     The alignment verdict asks whether a jump went where training was going anyway, the question a loss compared
     with before the jump cannot answer on a falling curve: the cosine between each jump and the displacement of the
@@ -51,13 +52,13 @@ class OuterMomentum(TrajectoryRule):
             points against the outer momentum (their cosine is at most 0), the momentum is reset and no jump is
             made, so that an oscillating run trains plainly instead of being pushed along a stale direction.
             Nothing to do when ``outer_momentum`` is 0.
-        state_on_host: hold ``b`` and the last jump in host memory (pinned, on CUDA), as DiLoCo implementations hold
-            their outer state, and bring them to the device only at a cycle's end: the device then holds one
-            parameter copy above plain (the anchor) outside a jump, and each cycle's end moves ``b`` in, and each
-            jump ``b`` and the jump out (overlapping the next steps). The same values, bitwise. ``None`` (the
-            default): on the device, unless the parameters are on CUDA and those copies would take more than half
-            its free memory as training starts; then in host memory, and the run says so. On a CPU the host is the
-            device, so it changes nothing there.
+        state_on_host: hold ``b`` and the weights before the last jump in host memory (pinned, on CUDA), as DiLoCo
+            implementations hold their outer state, and bring them to the device only at a cycle's end: the device then
+            holds one parameter copy above plain (the anchor) outside a jump, and each cycle's end moves ``b`` in, and
+            each jump ``b`` and the weights before it out (overlapping the next steps). The same values, bitwise.
+            ``None`` (the default): on the device, unless the parameters are on CUDA and those copies would take more
+            than half its free memory as training starts; then in host memory, and the run says so. On a CPU the host is
+            the device, so it changes nothing there.
         verify_window: ordinary steps at the end of the cycle after a jump whose mean loss keeps or undoes the jump
             (at most ``full_steps``); 0 keeps every jump unchecked and holds no copy of it. ``None`` (the default):
             half the cycle, ``full_steps // 2`` (10 for the default 20), so any cycle length set alone trains.
@@ -100,10 +101,11 @@ class OuterMomentum(TrajectoryRule):
         self.verify_resolution = check_float("OuterMomentum", "verify_resolution", verify_resolution, 0.0)
         super().__init__()
         self._b: list[Tensor] = []  # on the device; with ``state_on_host``, in ``_held`` instead
-        self._jump: list[Tensor] = []
+        self._before_jump: list[Tensor] = []  # the weights before the last jump, for its undo and its alignment
+        self._held_move = False  # instead the jump itself, as checkpoints before 2026-12-02 hold it (see _before)
         self._held: dict[str, HostHeld] = {}
         self._set_up = False
-        self.held_on_host = False  # set up with b or the last jump in host memory (read by the engine, to say so)
+        self.held_on_host = False  # b or the weights before the last jump on the host (read by the engine, to say so)
         self.sum_across_ranks: Callable[[Tensor], Tensor] | None = None  # set by the engine where ranks hold shards
 
     @property
@@ -132,7 +134,7 @@ class OuterMomentum(TrajectoryRule):
         return self.tolerance(spread) > self.verify_resolution * abs(mean)
 
     def setup(self, params: TensorList, keep_jump: bool) -> None:
-        kept = {"b": self.outer_momentum > 0, "jump": keep_jump}
+        kept = {"b": self.outer_momentum > 0, "before_jump": keep_jump}
         on_host = self.state_on_host
         if on_host is None:  # the default: on the device, unless it would crowd a CUDA device's memory
             on_host = bool(params) and not state_fits(params, sum(kept.values()))
@@ -140,7 +142,8 @@ class OuterMomentum(TrajectoryRule):
         # the device never holds them outside a cycle's end
         held = {n: HostHeld(list(params)) for n, on in kept.items() if on and on_host}
         device = {n: [torch.zeros_like(p) for p in params] if on and not on_host else [] for n, on in kept.items()}
-        self._held, self._b, self._jump = held, device["b"], device["jump"]
+        self._held, self._b, self._before_jump = held, device["b"], device["before_jump"]
+        self._held_move = False
         self.held_on_host, self._set_up = on_host and any(kept.values()), True
         self._apply_pending()
 
@@ -149,10 +152,17 @@ class OuterMomentum(TrajectoryRule):
         held = self._held.get("b")
         return held.on_device(write=write) if held is not None else self._b
 
-    def _last_jump(self, fill: bool = True) -> list[Tensor]:
-        """The last jump on the device (empty when no verdict needs it); ``fill=False``: about to be overwritten."""
-        held = self._held.get("jump")
-        return held.on_device(fill=fill) if held is not None else self._jump
+    def _before(self, anchor: list[Tensor], fill: bool = True) -> list[Tensor]:
+        """The weights before the last jump on the device (empty when no verdict needs it); ``fill=False``: about
+        to be overwritten. A checkpoint written before 2026-12-02 held the jump ``d`` instead: ``anchor - d``, once."""
+        held = self._held.get("before_jump")
+        before = held.on_device(fill=fill, write=self._held_move) if held is not None else self._before_jump
+        if self._held_move and fill:
+            with torch.no_grad():
+                torch._foreach_sub_(before, anchor)
+                torch._foreach_neg_(before)
+        self._held_move = False
+        return before
 
     def put_away(self) -> None:
         """A cycle's end is over: with ``state_on_host``, ``b`` and the last jump go back to the host."""
@@ -176,7 +186,7 @@ class OuterMomentum(TrajectoryRule):
                 check_restart=self.restart and mu > 0, measure=measure, sum_across_ranks=self.sum_across_ranks,
             )  # fmt: skip
             if not planned.restart:  # in place from here on: nothing allocates or waits, nothing fails half-way
-                planned.commit(params, anchor, self._last_jump(fill=False))  # the move kept there, for an undo
+                planned.commit(params, anchor, self._before(anchor, fill=False))  # for an undo
         except BaseException:
             for held in self._held.values():
                 held.drop()  # nothing of the run's was written: the host values stand
@@ -190,12 +200,13 @@ class OuterMomentum(TrajectoryRule):
         self.put_away()
         return planned
 
-    def alignment_terms(self, params: TensorList, anchor: TensorList) -> Tensor:
+    def alignment_terms(self, params: list[Tensor], anchor: list[Tensor]) -> Tensor:
         """``[d · jump, |d|², |jump|²]`` over this rank's tensors, ``d = params - anchor`` the displacement since
-        the last jump (a parameter copy while they are summed). Summed over ranks, their cosine is the jump's
-        alignment."""
+        the last jump and ``jump = anchor - before`` (two parameter copies while they are summed, as many as a jump
+        makes). Summed over ranks, their cosine is the jump's alignment."""
         with torch.no_grad():
-            return cosine_terms(torch._foreach_sub(params, anchor), self._last_jump())
+            jump = torch._foreach_sub(anchor, self._before(anchor))
+            return cosine_terms(torch._foreach_sub(params, anchor), jump)
 
     def reset_momentum(self) -> None:
         held = self._held.get("b")
@@ -206,12 +217,14 @@ class OuterMomentum(TrajectoryRule):
             torch._foreach_zero_(self._b)
 
     def undo(self, params: list[Tensor], anchor: list[Tensor]) -> None:
-        """Take the last jump back out of ``params`` and ``anchor`` (keeping the ordinary steps since), and restart
-        the outer momentum: the failed extrapolation must not carry into the next one."""
-        jumps = self._last_jump()
+        """Take the last jump, ``anchor - before``, back out of ``params`` (keeping the ordinary steps since) and
+        ``anchor`` (back to ``before``), and restart the outer momentum: the failed extrapolation must not carry
+        into the next one."""
+        before = self._before(anchor)
         with torch.no_grad():
-            torch._foreach_sub_(params, jumps)
-            torch._foreach_sub_(anchor, jumps)
+            torch._foreach_sub_(params, anchor)
+            torch._foreach_add_(params, before)
+            torch._foreach_copy_(anchor, before)
         if self.outer_momentum > 0:
             self.reset_momentum()
         self.put_away()
@@ -223,23 +236,29 @@ class OuterMomentum(TrajectoryRule):
     def release(self) -> None:
         if self._set_up:
             self._released = self.state_dict()
-            self._b, self._jump, self._held, self._set_up = [], [], {}, False
+            self._b, self._before_jump, self._held, self._set_up = [], [], {}, False
 
     def state_dict(self) -> dict[str, Any]:
+        """``b``, and the weights before the last jump (``"before_jump"``; a checkpoint's jump not yet turned into
+        them stays ``"jump"``, as it was loaded)."""
         if not self._set_up:
-            return self._parked({"b": [], "jump": []})
-        return {"b": self._values("b"), "jump": self._values("jump")}
+            return self._parked({"b": [], "before_jump": []})
+        return {"b": self._values("b"), "jump" if self._held_move else "before_jump": self._values("before_jump")}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A checkpoint's ``b`` and the weights before its last jump, or, written before 2026-12-02, that jump."""
+        move = "before_jump" not in state
+        kept = state["jump"] if move else state["before_jump"]
         if not self._set_up:
-            if state["b"] or state["jump"]:
+            if state["b"] or kept:
                 self._park(state)
             return
-        for name, what in (("b", "outer momentum"), ("jump", "last jump")):
+        for name, what, values in (("b", "outer momentum", state["b"]), ("before_jump", "last jump", kept)):
             held, tensors = self._held.get(name), getattr(self, f"_{name}")
-            if (held is None and not tensors) or (name == "jump" and not state[name]):
+            if (held is None and not tensors) or (name == "before_jump" and not values):
                 continue
             if held is not None:
                 held.drop()
                 tensors = held.host
-            load_into("OuterMomentum", what, tensors, state[name])
+            load_into("OuterMomentum", what, tensors, values)
+            self._held_move = move if name == "before_jump" else self._held_move

@@ -1,7 +1,7 @@
 """The ``outer`` rule's jump in two parts, so that a jump that fails leaves nothing half-done: :func:`plan` does
 everything that can fail (allocating, summing over ranks, reading the host) while the run's tensors are only read,
-and :meth:`JumpPlan.commit` then makes it in place, allocating nothing and waiting for nothing: the move into the
-last jump's tensors, the weights copied; the new anchor and momentum are the plan's own tensors, taken over.
+and :meth:`JumpPlan.commit` then makes it in place, allocating nothing and waiting for nothing: the weights kept for
+an undo and then overwritten; the new anchor and momentum are the plan's own tensors, taken over.
 
 The restart's cosine, the jump's size and ``keep_norms``' scales come out of two fused norms, over the displacement
 and the momentum, then the new momentum and the weights before and after, read as squared sums in float64, whose
@@ -29,13 +29,13 @@ class JumpPlan:
     restart: bool  # the cycle pointed against the momentum: reset it and make no jump
     size: Tensor | tuple[float, float] | None  # [|d|², |w|²] over every rank, d the jump before keep_norms
 
-    def commit(self, params: list[Tensor], anchor: list[Tensor], kept: list[Tensor]) -> None:
-        """Make the jump, in place: the move into ``kept`` (the last jump's tensors, for an undo; nothing where it
-        is empty), ``params`` copied to the new weights, and ``anchor``'s items (a list) become them."""
+    def commit(self, params: list[Tensor], anchor: list[Tensor], before: list[Tensor]) -> None:
+        """Make the jump, in place: ``params`` copied into ``before`` (for an undo, which the anchor, the weights
+        it lands on, turns into the move; nothing where it is empty) and then to the new weights, and ``anchor``'s
+        items (a list) become them."""
         with torch.no_grad():
-            if kept:
-                torch._foreach_copy_(kept, self.weights)
-                torch._foreach_sub_(kept, params)
+            if before:
+                torch._foreach_copy_(before, params)
             torch._foreach_copy_(params, self.weights)
         anchor[:] = self.weights
 
@@ -59,7 +59,8 @@ def plan(
     ``sum_across_ranks``: where ranks hold shards, the one collective, over every squared norm.
 
     Two parameter-sized tensors are allocated (``b'``, made in place from ``s`` once its norm is taken, and the new
-    weights): with the weights, the anchor, ``b`` and the last jump, the most a jump holds at once."""
+    weights): with the weights, the anchor, ``b`` and the weights before the last jump, the most a jump holds at
+    once."""
     n, judged = len(params), check_restart or measure
     with torch.no_grad():
         momentum = torch._foreach_sub(anchor, params)  # s, and b' once its norm is taken

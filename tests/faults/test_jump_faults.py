@@ -64,12 +64,12 @@ def cycle(case: str) -> tuple[OuterMomentum, list[torch.Tensor], list[torch.Tens
 
 def whole(rule: OuterMomentum, params: list[torch.Tensor], anchor: list[torch.Tensor]) -> list[torch.Tensor]:
     state = rule.state_dict()
-    return [*params, *anchor, *state["b"], *state["jump"]]
+    return [*params, *anchor, *state["b"], *state["before_jump"]]
 
 
 def run_tensors(rule: OuterMomentum, params: list[torch.Tensor], anchor: list[torch.Tensor]) -> list[torch.Tensor]:
     held = [t for h in rule._held.values() for t in h.host]
-    return [*params, *anchor, *rule._b, *rule._jump, *held]
+    return [*params, *anchor, *rule._b, *rule._before_jump, *held]
 
 
 @pytest.mark.parametrize("case", list(CASES))
