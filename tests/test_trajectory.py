@@ -126,7 +126,8 @@ def test_parameter_copies_each_rule_holds(rule, window, capture, copies):
 @pytest.mark.parametrize("state_on_host", [False, True])
 def test_a_jump_holds_two_parameter_copies_more_while_it_runs(state_on_host):
     """The new momentum and the new weights are the only parameter-sized tensors a jump makes: with the weights,
-    the anchor, the momentum and the weights before the last jump, which it replaces, the most it holds at once."""
+    the anchor, the momentum and the weights before the last jump, which it replaces, the most it holds at once.
+    The alignment verdict makes as many."""
     import weakref
 
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -159,6 +160,11 @@ def test_a_jump_holds_two_parameter_copies_more_while_it_runs(state_on_host):
     with alive:
         planned = rule.jump(params, anchor)
     assert not planned.restart and alive.most == 2 + 2 * state_on_host  # with b and the jump brought over
+    torch._foreach_add_(params, [0.01 * torch.ones_like(p) for p in params])
+    aligning = Alive(params[0].shape)
+    with aligning:  # the alignment verdict's temporaries: the jump (from the weights kept) and the displacement
+        rule.alignment_terms(params, anchor)
+    assert aligning.most == 2 + state_on_host  # with the weights kept brought over
 
 
 # ------------------------------------------------------------------------------------------------ river valley
