@@ -261,4 +261,5 @@ class OuterMomentum(TrajectoryRule):
                 held.drop()
                 tensors = held.host
             load_into("OuterMomentum", what, tensors, values)
-            self._held_move = move if name == "before_jump" else self._held_move
+            if name == "before_jump":
+                self._held_move = move
