@@ -101,6 +101,6 @@ def test_an_error_at_any_failing_operation_of_a_jump_leaves_everything_as_it_was
     after = "the one after it is" if len(later) == 1 else f"the {len(later)} after it are"
     outcome = (
         f"an error at each of the {first_write} operations before the first write{among} left the weights, anchor, "
-        f"momentum and last jump bitwise; {after} in place"
+        f"momentum and the weights kept for an undo bitwise; {after} in place"
     )
     record(record_property, "error raised inside a jump", case, outcome, "default")

@@ -79,9 +79,9 @@ class OuterJumps(JumpReport, PredictionFamily):
         rule.setup(store.params, keep_jump=self.verify_window > 0 or self.alignment_window > 0)
         if rule.held_on_host and rule.state_on_host is None:
             e.info(
-                "hybrid: the outer rule's momentum and last jump would take more than half the device's free memory: "
-                "they wait in host memory, moved in and out at each cycle's end (state_on_host=False keeps them on "
-                "the device)"
+                "hybrid: the outer rule's momentum and the weights kept to undo its last jump would take more than "
+                "half the device's free memory: they wait in host memory, moved in and out at each cycle's end "
+                "(state_on_host=False keeps them on the device)"
             )
         if restored and self._pending_anchor is not None:
             store.load_buffer(self._pending_anchor)
