@@ -70,11 +70,21 @@ def test_torch_still_offers_what_the_device_guard_uses():
 
 
 def test_the_fit_loop_still_counts_the_batches_that_stepped():
-    """The scalars go to Lightning's ``self.log`` only on the batches it logs; its rule counts the batches that
-    stepped (``_batches_that_stepped``), which ``callbacks/scalars.py`` reads at ``on_train_batch_end``."""
+    """The scalars go to the loggers only on the batches Lightning logs, at its step: its rule counts the batches
+    that stepped (``_batches_that_stepped``), which ``callbacks/scalars.py`` reads at ``on_train_batch_end``."""
     trainer, _ = hybrid_trainer(6, logger=False)
     trainer.fit(RegressionModel(), loader())
     loop = trainer.fit_loop.epoch_loop
     assert isinstance(getattr(loop, "_batches_that_stepped", None), int) and loop._batches_that_stepped == 6, (
         f"Lightning {L.__version__} no longer counts `_batches_that_stepped`: see callbacks/scalars.py logging_step"
     )
+
+
+def test_the_callback_metrics_are_one_dict_that_keeps_what_is_put_in_it():
+    """``callbacks/scalars.py`` puts the scalars into the dict ``trainer.callback_metrics`` returns, where Lightning
+    keeps its own callback metrics between the times it reads them."""
+    trainer, _ = hybrid_trainer(6, logger=False)
+    trainer.fit(RegressionModel(), loader())
+    trainer.callback_metrics["hybrid/probe"] = torch.tensor(1.0)
+    kept = trainer.callback_metrics is trainer.callback_metrics and "hybrid/probe" in trainer.callback_metrics
+    assert kept, f"Lightning {L.__version__}'s callback_metrics no longer keep what is put in: see callbacks/scalars.py"
