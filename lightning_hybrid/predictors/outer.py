@@ -165,7 +165,7 @@ class OuterMomentum(TrajectoryRule):
         return before
 
     def put_away(self) -> None:
-        """A cycle's end is over: with ``state_on_host``, ``b`` and the last jump go back to the host."""
+        """A cycle's end is over: with ``state_on_host``, ``b`` and the weights kept go back to the host."""
         for held in self._held.values():
             held.put_away()
 
@@ -177,8 +177,8 @@ class OuterMomentum(TrajectoryRule):
 
         Everything that can fail (an allocation, the collective, the read of the host) comes before the first write
         (:mod:`~lightning_hybrid.predictors.outer_jump`): a jump that raises leaves the weights, the anchor, the
-        momentum and the last jump as they were, bitwise. On shards (``sum_across_ranks`` set), each tensor's
-        norms are its shards' squared norms summed over ranks: one collective a jump."""
+        momentum and the weights kept for an undo as they were, bitwise. On shards (``sum_across_ranks`` set), each
+        tensor's norms are its shards' squared norms summed over ranks: one collective a jump."""
         mu = self.outer_momentum
         try:
             planned = plan(

@@ -1,8 +1,8 @@
 """An error raised inside a jump of the default rule, at each operation that can fail (an allocation, the
-collective over shards, the jump's one read of the host): the weights, the anchor, the outer momentum and the last
-jump are bitwise what they were, the rule holds nothing on the device, and the next jump lands where an unbroken
-one would. Every operation after the first write to any of them is in place (it allocates nothing), so no later
-failure can leave the jump half made. Through ``Trainer.fit``: ``test_faults.py``."""
+collective over shards, the jump's one read of the host): the weights, the anchor, the outer momentum and the weights
+kept for an undo are bitwise what they were, the rule holds nothing on the device, and the next jump lands where an
+unbroken one would. Every operation after the first write to any of them is in place (it allocates nothing), so no
+later failure can leave the jump half made. Through ``Trainer.fit``: ``test_faults.py``."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def test_an_error_at_any_failing_operation_of_a_jump_leaves_everything_as_it_was
     first_write = next(i for i, (_, writes) in enumerate(counted.seen) if writes)
     later = counted.seen[first_write:]
     assert all(name.split(".")[0].endswith("_") for name, _ in later), later  # in place: nothing can fail there
-    assert first_write >= 4 and counted.seen[first_write][0].startswith("_foreach_copy_")  # the move kept
+    assert first_write >= 4 and counted.seen[first_write][0].startswith("_foreach_copy_")  # the weights kept
     for at in range(first_write):
         trial = copy.deepcopy((rule, params, anchor))
         with pytest.raises(Injected), failing(trial[0], FailAt(at, run_tensors(*trial))):
