@@ -120,7 +120,7 @@ def _overhead_minutes(cell: str) -> float:
     return OVERHEAD_ROUNDS * (1 + len(OVERHEAD_CELLS[cell][1])) * (RUN_START_S + OVERHEAD_STEPS * STEP_S) / 60
 
 
-PROFILE_MINUTES = 5 * (RUN_START_S + PROFILE_STEPS * STEP_S) / 60  # 2 fits with the state on the device, 2 on host
+PROFILE_MINUTES = 7 * (RUN_START_S + PROFILE_STEPS * STEP_S) / 60  # 2 fits each: fused, eager, on the host
 
 
 def _key(lr: float, seed: int, config: str) -> str:
@@ -256,15 +256,19 @@ def overheads(call: Call, cell: str) -> dict[str, Any]:
 
 
 def profile(call: Call) -> dict[str, Any]:
-    """Each cycle's end and jump of the default, timed alone and counted, with its state on the device and on the
-    host, and the GPU's busy share over 20 steps with a jump (dry: the GPT-2 shape at width 16, on the CPU)."""
+    """Each cycle's end and jump of the default, timed alone and counted, with its state on the device (by the fused
+    kernels on a GPU, and eagerly) and on the host, and the GPU's busy share over 20 steps with a jump (dry: the
+    GPT-2 shape at width 16, on the CPU)."""
     size = SMALL_GPT2 if call.dry else ["trainer=gpu"]
     steps = BUSY_START + BUSY_STEPS + 1 if call.dry else PROFILE_STEPS  # dry: the busy window, and no more
     out = {}
-    for where, extra in (("on_device", []), ("on_host", ["predictor.state_on_host=true"])):
+    arms = {"on_device": [], "eager": ["predictor.fused=false"], "on_host": ["predictor.state_on_host=true"]}
+    if call.dry:
+        del arms["eager"]  # on a CPU the jump on the device is the eager one
+    for where, extra in arms.items():
         cfg = gpt_config("tiny" if call.dry else "85M", steps, call.workdir, [*size, *JUMPING, *extra])
         busy = BusyWindow(BUSY_START, BUSY_STEPS) if where == "on_device" else None
-        out[where] = measure(cfg, busy, timed=not (call.dry and where == "on_host"))  # dry: the host's counted only
+        out[where] = measure(cfg, busy, timed=not (call.dry and where != "on_device"))  # dry: the others counted
     return out
 
 

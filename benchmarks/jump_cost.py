@@ -16,7 +16,9 @@ per jump, medians over the run:
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -28,12 +30,13 @@ import lightning as L
 import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_leaves
 
 from benchmarks.harness import RESULTS, gpt_config, machine, write_atomic
 from benchmarks.tasks import GPT2_SHAPE
 from lightning_hybrid.engine.families.jumps import OuterJumps
+from lightning_hybrid.predictors import outer_fused
 from lightning_hybrid.runner import build_run
 
 # a jump every cycle of 20 steps after 20; the rate's warm-up ends before the first (no jump is made on a rising rate)
@@ -93,6 +96,50 @@ def _counting_tolist(count: Count) -> Iterator[None]:
         torch.Tensor.tolist = original
 
 
+# the fused jump's kernels (lightning_hybrid.predictors.outer_fused), which the dispatcher does not see: the
+# parameter-sized rows each reads and writes, from its flags; its small tensors are counted as read once
+KERNEL_ROWS: dict[str, Callable[[dict[str, bool]], tuple[int, int]]] = {
+    "_sums_kernel": lambda flags: (2 + flags["HAS_B"], 0),
+    "_reduce_kernel": lambda flags: (0, 0),
+    "_write_kernel": lambda flags: (2 + flags["HAS_B"], 2 + flags["HAS_B"] + flags["KEEP"]),
+}
+
+
+def _elements(numels: Any) -> int:
+    """The elements of the tensors a launch's table points at: those of the kept launch whose sizes it passes."""
+    return next((sum(key[1]) for key, kept in outer_fused._launches.items() if kept.numels is numels), 0)
+
+
+@contextmanager
+def _counting_kernels(count: Count) -> Iterator[None]:
+    """Each launch of a fused kernel counted as one operation, with the bytes its loads and stores move."""
+    originals = {name: getattr(outer_fused, name, None) for name in KERNEL_ROWS}
+
+    def counted(name: str, kernel: Any) -> Any:
+        class Launches:
+            def __getitem__(self, grid: Any) -> Callable[..., Any]:
+                def launch(*args: Any, **flags: Any) -> Any:
+                    reads, writes = KERNEL_ROWS[name](flags)
+                    count.ops += 1
+                    count.bytes += (reads + writes) * _elements(args[3]) * 4 + _bytes(args)
+                    with _disable_current_modes():  # Triton's interpreter copies the arguments: not the kernel's
+                        return kernel[grid](*args, **flags)
+
+                return launch
+
+        return Launches()
+
+    for name, kernel in originals.items():
+        if kernel is not None:
+            setattr(outer_fused, name, counted(name, kernel))
+    try:
+        yield
+    finally:
+        for name, kernel in originals.items():
+            if kernel is not None:
+                setattr(outer_fused, name, kernel)
+
+
 @contextmanager
 def timed_jumps(counting: bool) -> Iterator[dict[str, list[dict[str, float]]]]:
     """While open, every cycle end and jump of the default rule is recorded: counted (``counting``) or timed."""
@@ -103,7 +150,7 @@ def timed_jumps(counting: bool) -> Iterator[dict[str, list[dict[str, float]]]]:
         def recorded(self: OuterJumps, *args: Any) -> Any:
             if counting:
                 count = Count()
-                with count, _counting_tolist(count):
+                with count, _counting_tolist(count), _counting_kernels(count):
                     out = fn(self, *args)
                 counted = {"ops": count.ops, "foreach_ops": count.foreach, "host_reads": count.reads}
                 seen[name].append(counted | {"bytes": count.bytes})
@@ -209,16 +256,38 @@ FLOOR_COPIES = 7
 BYTES_OUT = RESULTS / "jump_cost" / "bytes.json"
 
 
-def main() -> None:
+FUSED_OUT = RESULTS / "jump_cost" / "fused_bytes.json"
+
+
+def main(argv: list[str] | None = None) -> None:
     """The bytes a cycle's end and a jump move, counted on the CPU on the char GPT at 3.3M (4 layers, 256 wide), the
-    default jumping every 20 steps: ``benchmarks/results/jump_cost/bytes.json``."""
+    default jumping every 20 steps: ``benchmarks/results/jump_cost/bytes.json``; with ``--fused``, the fused
+    kernels' jumps over 102 steps (3 jumps), on a CPU in Triton's interpreter (``TRITON_INTERPRET=1``):
+    ``fused_bytes.json``."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--fused", action="store_true", help="count the fused jump (needs Triton)")
+    fused = parser.parse_args(argv).fused
+    if fused and outer_fused.triton is None:
+        raise SystemExit(
+            "--fused counts the fused jump's kernels: install Triton (on a CPU, run it with TRITON_INTERPRET=1)"
+        )
+    if fused and not torch.cuda.is_available():
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            raise SystemExit("--fused on a CPU runs the kernels in Triton's interpreter: set TRITON_INTERPRET=1")
+        outer_fused.DEVICE_TYPES.add("cpu")
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as workdir:
-        cfg = gpt_config("1M", 62, workdir, ["model.n_layer=4", "model.n_embd=256", "model.n_head=8", *JUMPING])
+        size = ["model.n_layer=4", "model.n_embd=256", "model.n_head=8"]
+        cfg = gpt_config(
+            "1M",
+            102 if fused else 62,
+            workdir,
+            [*size, *JUMPING, *(["trainer=gpu"] if fused and torch.cuda.is_available() else [])],
+        )
         counted = measure(cfg, timed=False)
     copies = counted["cycle_end"]["parameter_copies"] + counted["jump"]["parameter_copies"]
     result = counted | {"floor_copies": FLOOR_COPIES, "over_floor": copies / FLOOR_COPIES, "machine": machine()}
-    write_atomic(BYTES_OUT, json.dumps(result, indent=1))
+    write_atomic(FUSED_OUT if fused else BYTES_OUT, json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))
 
 

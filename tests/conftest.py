@@ -1,3 +1,4 @@
+import importlib.util
 import os
 import warnings
 
@@ -5,6 +6,8 @@ import pytest
 import torch
 
 os.environ.setdefault("PYTHONHASHSEED", "0")
+if importlib.util.find_spec("triton") is not None and not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # the fused jump's kernels run in Triton's interpreter
 
 
 def pytest_report_header() -> str:
@@ -77,3 +80,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return next((first.index(g) for g in groups if g in first), len(first))
 
     items.sort(key=rank)  # stable: the rest keep their order
+
+
+@pytest.fixture
+def fused_device(monkeypatch) -> str:
+    """Where the fused jump's kernels run: on CUDA, or else on the CPU in Triton's interpreter; skipped without
+    Triton, as on CI."""
+    pytest.importorskip("triton")
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return "cuda"
+    from lightning_hybrid.predictors import outer_fused
+
+    monkeypatch.setattr(outer_fused, "DEVICE_TYPES", {"cuda", "cpu"})
+    return "cpu"
+
+
+@pytest.fixture(params=["eager", "fused"])
+def jump_path(request) -> tuple[str, str]:
+    """``(path, device)``: each ``outer`` jump made by the eager path on the CPU, or by the fused kernels."""
+    return ("eager", "cpu") if request.param == "eager" else ("fused", request.getfixturevalue("fused_device"))
