@@ -200,9 +200,8 @@ class OuterMomentum(TrajectoryRule):
                 and not self._held
                 and outer_fused.usable([params, anchor, b, self._before_jump], sharded, self.keep_norms)
             ):
-                before = self._before_jump
                 planned: JumpPlan | FusedJumpPlan = outer_fused.plan(
-                    params, anchor, b, before, self.outer_lr, mu, **settings
+                    params, anchor, b, self._before_jump, self.outer_lr, mu, **settings
                 )
             else:
                 planned = plan(params, anchor, b, self.outer_lr, mu, **settings, sum_across_ranks=self.sum_across_ranks)
