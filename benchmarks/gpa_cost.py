@@ -5,15 +5,19 @@ averaging step's time against a plain training step's (forward, backward, AdamW)
 alternating in this process, one thread.
 
     python -m benchmarks.gpa_cost        # benchmarks/results/gpa_cost/README.md and gpa_cost.json
+    TRITON_INTERPRET=1 python -m benchmarks.gpa_cost --fused   # the fused kernel's step, counted: fused.json
 
 The bytes moved: counted by ``benchmarks.jump_cost``'s counter, each operation reading its tensor arguments and
-writing its result once (the seven fused operations read or write two or three parameter lists each). The estimate
-divides them by the GPU's memory bandwidth: a lower bound on its time, which launch overheads (a few microseconds a
-kernel) add to.
+writing its result once (the seven fused operations read or write two or three parameter lists each), and a
+Triton kernel's launch as one operation moving the parameter rows it loads and stores. The estimate divides them by
+the GPU's memory bandwidth: a lower bound on its time, which launch overheads (a few microseconds a kernel) add to.
+With ``--fused`` the step is the one kernel of ``lightning_hybrid.predictors.gpa_fused`` (on a CPU, in Triton's
+interpreter): its operations and bytes only, no times.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import time
@@ -21,21 +25,22 @@ import time
 import torch
 
 from benchmarks.harness import RESULTS, machine, write_atomic
-from benchmarks.jump_cost import Count
+from benchmarks.jump_cost import Count, counting_kernels, kernels_here
 from lightning_hybrid.callbacks.memory import proc_status
 from lightning_hybrid.demos.char_gpt import CharGPT
-from lightning_hybrid.predictors import PrimalAveraging
+from lightning_hybrid.predictors import PrimalAveraging, gpa_fused
 
 OUT = RESULTS / "gpa_cost"
 FLOOR = 6  # lists any averaging step moves, however fused: it reads and writes the parameters, z and x once each
 H200_BANDWIDTH = 4.8e12  # bytes a second, the H200's HBM3e as NVIDIA states it
 PLAIN_STEP_85M = (0.0232, 0.0286)  # seconds, plain's steady step at 85M on one H200 (gpu/2026-11-27, 3 rounds)
 CPU_SIZES = {"0.47M": (2, 128, 4), "1.1M": (4, 144, 4)}  # layers, width, heads of the char GPT
+KERNEL_ROWS = {"_average_kernel": lambda flags: (3, 3), "_training_point_kernel": lambda flags: (2, 1)}
 
 
-def _averaging(model: torch.nn.Module) -> tuple[PrimalAveraging, list[torch.Tensor]]:
+def _averaging(model: torch.nn.Module, fused: bool = False) -> tuple[PrimalAveraging, list[torch.Tensor]]:
     params = [p for p in model.parameters() if p.requires_grad]
-    rule = PrimalAveraging()
+    rule = PrimalAveraging(fused=fused)
     rule.setup(params, keep_jump=False)
     rule.start(params)
     return rule, params
@@ -115,7 +120,32 @@ def measure(repeats: int = 5, shape: tuple[int, int, int] = GPT2_SMALL, cpu_size
     }
 
 
-def to_markdown(r: dict) -> str:
+def count_fused(shape: tuple[int, int, int] = GPT2_SMALL) -> dict:
+    """One step of the fused kernel and one training point alone, counted on ``shape``'s tensors."""
+    torch.manual_seed(0)
+    layers, width, heads = shape
+    model = CharGPT(n_layer=layers, n_head=heads, n_embd=width, block_size=256)
+    model.to("cuda" if torch.cuda.is_available() else "cpu")
+    rule, params = _averaging(model, fused=True)  # the kernels checked against the eager step as it starts
+    if rule._path is not gpa_fused:
+        raise SystemExit("the fused gpa step does not serve these tensors here")
+    param_bytes = sum(p.numel() * p.element_size() for p in params)
+    out = {"machine": machine(), "parameters": sum(p.numel() for p in params), "tensors": len(params)}
+    kept = torch.ones((), device=params[0].device)
+    rule.average(params, kept.mul(0))  # made once, uncounted: the kernel's tables for these tensors (a no-op step)
+    for name, run in [("step", lambda: rule.average(params, kept)), ("training_point",
+                      lambda: rule.training_point(params))]:  # fmt: skip
+        count = Count()
+        with count, counting_kernels(count, gpa_fused, KERNEL_ROWS):
+            run()
+        out[name] = {"ops": count.ops, "host_reads": count.reads, "bytes_moved": count.bytes,
+                     "parameter_copies": count.bytes / param_bytes}  # fmt: skip
+    gpu = out["step"]["bytes_moved"] / H200_BANDWIDTH
+    return out | {"floor_copies": FLOOR, "h200_seconds_at_bandwidth": gpu,
+                  "share_of_plain_step_85m": [gpu / s for s in PLAIN_STEP_85M[::-1]]}  # fmt: skip
+
+
+def to_markdown(r: dict, fused: dict | None = None) -> str:
     low, high = r["share_of_plain_step_85m"]
     over = r["parameter_copies"] / FLOOR
     return (
@@ -143,15 +173,35 @@ def to_markdown(r: dict) -> str:
             f"{c['averaging_over_step']['max']:.1%}) of a plain training step's CPU time.\n"
             for size, c in r["on_the_cpu"].items()
         )
+        + (_fused_markdown(fused) if fused else "")
     )
 
 
-def main() -> None:
+def _fused_markdown(f: dict) -> str:
+    low, high = f["share_of_plain_step_85m"]
+    step = f["step"]
+    return (
+        f"- The fused kernel (`fused=True`, on CUDA; `python -m benchmarks.gpa_cost --fused`, counted in Triton's "
+        f"interpreter on {f['tensors']} tensors): {step['ops']} operation, {step['host_reads']} host reads, "
+        f"{step['parameter_copies']:.1f} parameter copies a step, the floor; at an H200's bandwidth "
+        f"{f['h200_seconds_at_bandwidth'] * 1e3:.2f} ms, {low:.1%}-{high:.1%} of plain's 85M step. Not yet timed "
+        "on a GPU.\n"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--fused", action="store_true", help="count the fused kernel's step (needs Triton)")
     torch.set_num_threads(1)
-    result = measure()
     OUT.mkdir(parents=True, exist_ok=True)
-    write_atomic(OUT / "gpa_cost.json", json.dumps(result, indent=1))
-    text = to_markdown(result)
+    if parser.parse_args(argv).fused:
+        kernels_here()
+        write_atomic(OUT / "fused.json", json.dumps(count_fused(), indent=1))
+    else:
+        write_atomic(OUT / "gpa_cost.json", json.dumps(measure(), indent=1))
+    result = json.loads((OUT / "gpa_cost.json").read_text())
+    fused = json.loads((OUT / "fused.json").read_text()) if (OUT / "fused.json").exists() else None
+    text = to_markdown(result, fused)
     write_atomic(OUT / "README.md", text)
     print(text)
 

@@ -36,7 +36,7 @@ from torch.utils._pytree import tree_leaves
 from benchmarks.harness import RESULTS, gpt_config, machine, write_atomic
 from benchmarks.tasks import GPT2_SHAPE
 from lightning_hybrid.engine.families.jumps import OuterJumps
-from lightning_hybrid.predictors import outer_fused
+from lightning_hybrid.predictors import fused_blocks, outer_fused
 from lightning_hybrid.runner import build_run
 
 # a jump every cycle of 20 steps after 20; the rate's warm-up ends before the first (no jump is made on a rising rate)
@@ -98,7 +98,8 @@ def _counting_tolist(count: Count) -> Iterator[None]:
 
 # the fused jump's kernels (lightning_hybrid.predictors.outer_fused), which the dispatcher does not see: the
 # parameter-sized rows each reads and writes, from its flags; its small tensors are counted as read once
-KERNEL_ROWS: dict[str, Callable[[dict[str, bool]], tuple[int, int]]] = {
+KernelRows = dict[str, Callable[[dict[str, bool]], tuple[int, int]]]
+KERNEL_ROWS: KernelRows = {
     "_sums_kernel": lambda flags: (2 + flags["HAS_B"], 0),
     "_reduce_kernel": lambda flags: (0, 0),
     "_write_kernel": lambda flags: (2 + flags["HAS_B"], 2 + flags["HAS_B"] + flags["KEEP"]),
@@ -107,19 +108,20 @@ KERNEL_ROWS: dict[str, Callable[[dict[str, bool]], tuple[int, int]]] = {
 
 def _elements(numels: Any) -> int:
     """The elements of the tensors a launch's table points at: those of the kept launch whose sizes it passes."""
-    return next((sum(key[1]) for key, kept in outer_fused._launches.items() if kept.numels is numels), 0)
+    return next((sum(key[1]) for key, kept in fused_blocks._blocks.items() if kept.numels is numels), 0)
 
 
 @contextmanager
-def _counting_kernels(count: Count) -> Iterator[None]:
-    """Each launch of a fused kernel counted as one operation, with the bytes its loads and stores move."""
-    originals = {name: getattr(outer_fused, name, None) for name in KERNEL_ROWS}
+def counting_kernels(count: Count, module: Any = outer_fused, rows: KernelRows = KERNEL_ROWS) -> Iterator[None]:
+    """Each launch of one of ``module``'s kernels counted as one operation, with the bytes its loads and stores
+    move (``rows``; the launch's fourth argument holds its tensors' sizes)."""
+    originals = {name: getattr(module, name, None) for name in rows}
 
     def counted(name: str, kernel: Any) -> Any:
         class Launches:
             def __getitem__(self, grid: Any) -> Callable[..., Any]:
                 def launch(*args: Any, **flags: Any) -> Any:
-                    reads, writes = KERNEL_ROWS[name](flags)
+                    reads, writes = rows[name](flags)
                     count.ops += 1
                     count.bytes += (reads + writes) * _elements(args[3]) * 4 + _bytes(args)
                     with _disable_current_modes():  # Triton's interpreter copies the arguments: not the kernel's
@@ -131,13 +133,23 @@ def _counting_kernels(count: Count) -> Iterator[None]:
 
     for name, kernel in originals.items():
         if kernel is not None:
-            setattr(outer_fused, name, counted(name, kernel))
+            setattr(module, name, counted(name, kernel))
     try:
         yield
     finally:
         for name, kernel in originals.items():
             if kernel is not None:
-                setattr(outer_fused, name, kernel)
+                setattr(module, name, kernel)
+
+
+def kernels_here() -> None:
+    """Let the fused kernels run on this machine: on CUDA, or on a CPU in Triton's interpreter; else say why not."""
+    if fused_blocks.triton is None:
+        raise SystemExit("--fused counts the fused kernels: install Triton (on a CPU, run it with TRITON_INTERPRET=1)")
+    if not torch.cuda.is_available():
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            raise SystemExit("--fused on a CPU runs the kernels in Triton's interpreter: set TRITON_INTERPRET=1")
+        fused_blocks.DEVICE_TYPES.add("cpu")
 
 
 @contextmanager
@@ -150,7 +162,7 @@ def timed_jumps(counting: bool) -> Iterator[dict[str, list[dict[str, float]]]]:
         def recorded(self: OuterJumps, *args: Any) -> Any:
             if counting:
                 count = Count()
-                with count, _counting_tolist(count), _counting_kernels(count):
+                with count, _counting_tolist(count), counting_kernels(count):
                     out = fn(self, *args)
                 counted = {"ops": count.ops, "foreach_ops": count.foreach, "host_reads": count.reads}
                 seen[name].append(counted | {"bytes": count.bytes})
@@ -267,14 +279,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--fused", action="store_true", help="count the fused jump (needs Triton)")
     fused = parser.parse_args(argv).fused
-    if fused and outer_fused.triton is None:
-        raise SystemExit(
-            "--fused counts the fused jump's kernels: install Triton (on a CPU, run it with TRITON_INTERPRET=1)"
-        )
-    if fused and not torch.cuda.is_available():
-        if os.environ.get("TRITON_INTERPRET") != "1":
-            raise SystemExit("--fused on a CPU runs the kernels in Triton's interpreter: set TRITON_INTERPRET=1")
-        outer_fused.DEVICE_TYPES.add("cpu")
+    if fused:
+        kernels_here()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as workdir:
         size = ["model.n_layer=4", "model.n_embd=256", "model.n_head=8"]

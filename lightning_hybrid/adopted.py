@@ -68,8 +68,8 @@ def give_back(strategy: Any, own: type | None) -> None:
     strategy.__class__ = own
     strategy.__dict__.pop("_hybrid", None)
     plugin = strategy.precision_plugin.__dict__
-    if isinstance(plugin.get("clip_gradients"), partial):  # the routing's clipping of present gradients only
-        del plugin["clip_gradients"]
+    if isinstance(plugin.get("clip_gradients"), partial):  # the routing's clipping (present gradients, the norm)
+        del plugin["clip_gradients"], plugin["clip_grad_by_norm"]
 
 
 def what_it_goes_without(trainer: Any, own: type) -> str | None:

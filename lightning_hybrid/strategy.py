@@ -12,6 +12,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
+from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy, Strategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
@@ -72,12 +73,14 @@ class StepRouting(Strategy):
     def _clip_only_present_gradients(self) -> None:
         """A skipped step drops its gradients and a predicted step has none; torch's value clipping fails on an
         empty gradient list, so Lightning's clipping (automatic, or ``self.clip_gradients`` in a manual
-        ``training_step``) becomes a no-op when no parameter holds a gradient. The precision plugin is Lightning's
-        own class, chosen by the Trainer, so its one method is wrapped on this instance (a partial of a module
-        function: the strategy still pickles)."""
+        ``training_step``) becomes a no-op when no parameter holds a gradient. Clipping by norm takes the norm the
+        guard took this step where it can (:func:`_clip_by_norm`). The precision plugin is Lightning's own class,
+        chosen by the Trainer, so its two methods are wrapped on this instance (partials of module functions: the
+        strategy still pickles)."""
         plugin = self.precision_plugin
         if not isinstance(plugin.__dict__.get("clip_gradients"), partial):
             plugin.clip_gradients = partial(_clip_present_gradients, plugin)
+            plugin.clip_grad_by_norm = partial(_clip_by_norm, plugin, self)
 
     @override
     def on_validation_start(self) -> None:
@@ -154,6 +157,20 @@ def _clip_present_gradients(
     ``clip_val`` Lightning's does nothing: the parameters are not looked through at every step."""
     if clip_val > 0 and any(p.grad is not None for group in optimizer.param_groups for p in group["params"]):
         type(plugin).clip_gradients(plugin, optimizer, clip_val, *args, **kwargs)
+
+
+def _clip_by_norm(plugin: Any, routing: StepRouting, optimizer: Optimizer, clip_val: float) -> None:
+    """The precision plugin's own ``clip_grad_by_norm``, with the gradients' total norm the step handler took this
+    step where it has it: torch's ``clip_grads_with_norm_`` then scales them as ``clip_grad_norm_`` would, bitwise,
+    without a second pass over them to measure."""
+    own = type(plugin).clip_grad_by_norm
+    handler = routing._hybrid
+    params = list(plugin.main_params(optimizer))
+    total = handler.clipping_norm(params) if handler is not None and own is Precision.clip_grad_by_norm else None
+    if total is None:
+        own(plugin, optimizer, clip_val)
+    else:
+        torch.nn.utils.clip_grads_with_norm_(params, clip_val, total)
 
 
 class HybridPredictStrategy(HybridStrategyMixin, SingleDeviceStrategy):

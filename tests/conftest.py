@@ -84,18 +84,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture
 def fused_device(monkeypatch) -> str:
-    """Where the fused jump's kernels run: on CUDA, or else on the CPU in Triton's interpreter; skipped without
+    """Where the rules' fused kernels run: on CUDA, or else on the CPU in Triton's interpreter; skipped without
     Triton, as on CI."""
     pytest.importorskip("triton")
     if os.environ.get("TRITON_INTERPRET") != "1":
         return "cuda"
-    from lightning_hybrid.predictors import outer_fused
+    from lightning_hybrid.predictors import fused_blocks
 
-    monkeypatch.setattr(outer_fused, "DEVICE_TYPES", {"cuda", "cpu"})
+    monkeypatch.setattr(fused_blocks, "DEVICE_TYPES", {"cuda", "cpu"})
     return "cpu"
 
 
 @pytest.fixture(params=["eager", "fused"])
-def jump_path(request) -> tuple[str, str]:
-    """``(path, device)``: each ``outer`` jump made by the eager path on the CPU, or by the fused kernels."""
+def kernel_path(request) -> tuple[str, str]:
+    """``(path, device)``: each step of a rule (an ``outer`` jump, a ``gpa`` average) made by the eager path on the
+    CPU, or by the fused kernels."""
     return ("eager", "cpu") if request.param == "eager" else ("fused", request.getfixturevalue("fused_device"))

@@ -367,6 +367,16 @@ def test_the_muon_task_counts_its_steps_in_batches(tmp_path):
     assert [p.backward for p in record.curve.points] == [3, 6]
 
 
+def test_the_gpa_cost_driver_counts_the_fused_kernel_at_the_floor(fused_device):
+    """``python -m benchmarks.gpa_cost --fused`` on a tiny char GPT: one launch, no host read, 6 copies and the
+    kernel's small tables."""
+    from benchmarks import gpa_cost
+
+    result = gpa_cost.count_fused(shape=(1, 32, 2))
+    assert result["step"]["ops"] == result["training_point"]["ops"] == 1 and result["step"]["host_reads"] == 0
+    assert 6 < result["step"]["parameter_copies"] < 6.1 and 3 < result["training_point"]["parameter_copies"] < 3.1
+
+
 def test_the_gpa_cost_driver_counts_times_and_estimates_on_a_tiny_model():
     """``python -m benchmarks.gpa_cost`` on a char GPT of a few thousand parameters (its figures mean nothing)."""
     from benchmarks import gpa_cost

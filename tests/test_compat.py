@@ -5,6 +5,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from lightning_hybrid import DivergenceMonitor, HybridPredictStrategy, Phase, hybrid_callbacks
 from tests.helpers import FAST, RegressionModel, StepRecorder, flat_params, hybrid_trainer, loader, phases
@@ -142,3 +143,50 @@ def test_several_optimizers_are_refused_by_the_per_step_mode():
     trainer, _ = hybrid_trainer(max_steps=3)  # the helpers' per-step settings
     with pytest.raises(MisconfigurationException, match="runs the per-step mode, which trains one optimizer"):
         trainer.fit(model, loader())
+
+
+class _ScaledGradients(Callback):
+    """A user's hook that changes the gradients between the backward pass and clipping."""
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        for p in pl_module.parameters():
+            p.grad.mul_(1.5)
+
+
+class _GradientNorms(TorchDispatchMode):
+    """Counts the passes over the gradients that measure their norms."""
+
+    def __init__(self):
+        super().__init__()
+        self.passes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.passes += func.__name__.startswith("_foreach_norm")
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("hook", [False, True], ids=["as_is", "changed_by_a_hook"])
+def test_clipping_by_norm_takes_the_guards_norm_and_trains_as_plain_lightning(hook):
+    """Prediction off, the plugin trains as plain Lightning bitwise, clipping by norm included, and measures the
+    gradients' norms once a step, as plain's clipping does: clipping takes the norm the guard took. Where a hook
+    changed the gradients in between, clipping measures them again."""
+
+    def fit(hybrid):
+        extra, clip = [_ScaledGradients()] if hook else [], {"gradient_clip_val": 0.01}
+        if hybrid:
+            trainer, _ = hybrid_trainer(24, hybrid=hybrid_callbacks(enable_prediction=False), extra_callbacks=extra,
+                                        logger=False, **clip)  # fmt: skip
+        else:
+            trainer = L.Trainer(max_steps=24, accelerator="cpu", callbacks=extra, logger=False,
+                                enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
+                                **clip)  # fmt: skip
+        torch.manual_seed(0)
+        model = RegressionModel()
+        with _GradientNorms() as norms:
+            trainer.fit(model, loader())
+        return flat_params(model), norms.passes
+
+    plain, plain_passes = fit(hybrid=False)
+    hybrid, passes = fit(hybrid=True)
+    assert torch.equal(hybrid, plain) and plain_passes == 24
+    assert passes == 24 * (2 if hook else 1)

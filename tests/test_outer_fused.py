@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_hybrid import hybrid_callbacks
-from lightning_hybrid.predictors import OuterMomentum, outer_fused
+from lightning_hybrid.predictors import OuterMomentum, fused_blocks, outer_fused
 from tests.helpers import (
     DEFAULT_JUMPING,
     RULE_PHASES,
@@ -41,14 +41,15 @@ def _fit(root, device, ckpt_path=None, save=False):
 
 
 def test_a_fused_run_makes_the_eager_runs_decisions_and_resumes_bitwise(tmp_path, fused_device, monkeypatch):
-    assert outer_fused.works(torch.device(fused_device), (True, True, True))  # checked before the jumps are counted
+    weights = [torch.ones(3, device=fused_device)]  # checked before the jumps are counted
+    assert outer_fused.usable([weights, weights, weights, weights], False, True)
     planned, fused_plan = [], outer_fused.plan
     monkeypatch.setattr(outer_fused, "plan", lambda *a, **k: planned.append(1) or fused_plan(*a, **k))
     fused, summary = _fit(tmp_path / "fused", fused_device, save=True)
     assert summary["jumps_made"] >= 4 and summary["jumps_undone"] >= 1
     assert len(planned) == summary["jumps_made"] + summary["momentum_restarts"]  # every jump by the kernels
     with monkeypatch.context() as eager:
-        eager.setattr(outer_fused, "DEVICE_TYPES", set())
+        eager.setattr(fused_blocks, "DEVICE_TYPES", set())
         reference, reference_summary = _fit(tmp_path / "eager", fused_device)
     decisions = ("jumps_made", "jumps_kept", "jumps_undone", "momentum_restarts", "backward_passes")
     assert {k: summary[k] for k in decisions} == {k: reference_summary[k] for k in decisions}
@@ -60,9 +61,9 @@ def test_a_fused_run_makes_the_eager_runs_decisions_and_resumes_bitwise(tmp_path
 def test_the_eager_path_runs_where_the_fused_jump_does_not_serve(monkeypatch):
     weights = [torch.ones(3), torch.ones(2, 2)]
     assert not outer_fused.usable([weights, weights, [], []], False, True)  # on a CPU, Triton compiles nothing
-    monkeypatch.setattr(outer_fused, "DEVICE_TYPES", {"cpu"})
-    monkeypatch.setattr(outer_fused, "triton", outer_fused.triton or object())
-    monkeypatch.setattr(outer_fused, "_works", {(torch.device("cpu"), (False, False, True)): True})
+    monkeypatch.setattr(fused_blocks, "DEVICE_TYPES", {"cpu"})
+    monkeypatch.setattr(fused_blocks, "triton", fused_blocks.triton or object())
+    monkeypatch.setattr(fused_blocks, "_checked", {("outer jump", torch.device("cpu"), (False, False, True)): True})
     assert outer_fused.usable([weights, weights, [], []], False, True)
     assert not outer_fused.usable([weights, weights, [], []], True, True)
     assert not outer_fused.usable([[w.double() for w in weights], weights, [], []], False, True)
@@ -74,9 +75,9 @@ def test_kernels_that_fail_their_check_leave_the_jumps_eager_and_say_so_once(mon
     def broken(device, *variant):
         raise RuntimeError("no such kernel")
 
-    monkeypatch.setattr(outer_fused, "DEVICE_TYPES", {"cpu"})
-    monkeypatch.setattr(outer_fused, "triton", outer_fused.triton or object())
-    monkeypatch.setattr(outer_fused, "_works", {})
+    monkeypatch.setattr(fused_blocks, "DEVICE_TYPES", {"cpu"})
+    monkeypatch.setattr(fused_blocks, "triton", fused_blocks.triton or object())
+    monkeypatch.setattr(fused_blocks, "_checked", {})
     monkeypatch.setattr(outer_fused, "_agrees", broken)
     weights = [torch.ones(3)]
     with pytest.warns(UserWarning, match="fused outer jump is not used on cpu: it failed: RuntimeError: no such"):

@@ -3,7 +3,7 @@
 norm (``keep_norms``), the anchor and the weights at ``w'``, ``w`` kept for an undo. Agreement within float32
 rounding (a few units in the last place of the operands), on tensors whose norms differ by up to 10^8; an undo
 right after it gives ``w`` back bitwise. Each jump made eagerly, and by the fused kernels where Triton is installed
-(``jump_path``)."""
+(``kernel_path``)."""
 
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ def reference(w, a, b, eta, mu, keep_norms):
 @pytest.mark.parametrize("keep_norms", [True, False])
 @pytest.mark.parametrize(("eta", "mu"), [(0.7, 0.5), (1.6, 0.9), (0.5, 0.0)])
 @pytest.mark.parametrize("sizes", [[(3,)], [(64, 32), (1,), (7, 3, 5)], [(300, 200), *[(17,)] * 20]])
-def test_each_jump_is_the_float64_formula_within_float32_rounding(keep_norms, eta, mu, sizes, jump_path):
-    path, device = jump_path
+def test_each_jump_is_the_float64_formula_within_float32_rounding(keep_norms, eta, mu, sizes, kernel_path):
+    path, device = kernel_path
     gen = torch.Generator().manual_seed(len(sizes))
     scales = [10.0 ** (4 * (i % 3) - 4) for i in range(len(sizes))]  # 1e-4, 1, 1e4: norms differ by 10^8
     params = [(torch.randn(shape, generator=gen) * k).to(device) for shape, k in zip(sizes, scales)]

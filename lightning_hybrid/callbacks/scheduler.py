@@ -169,6 +169,8 @@ class HybridScheduler(HybridComponent):
             last_step=end,
             logs=bool(trainer.loggers),
         )
+        clips = bool(trainer.gradient_clip_val) and trainer.gradient_clip_algorithm in (None, "norm")
+        self.engine.step_guard.for_clipping = clips  # Lightning's clipping by norm takes the guard's measurement
         pre, post = self._before_optimizer_step, self._after_optimizer_step
         self._hooks = [h for o in optimizers for h in (o.register_step_pre_hook(pre), o.register_step_post_hook(post))]
         write_layout(trainer, self.engine.family.mode)

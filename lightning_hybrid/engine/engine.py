@@ -1,8 +1,7 @@
 """HybridEngine: one optimizer step at a time, through the parts that decide what it does: :mod:`~.policy` (observe
 or back off), :mod:`~.guard` (read and guard an ordinary step), :mod:`~.store` (the tensors), :mod:`~.phases` (the
-cycle) and :mod:`~.record` (counts); what prediction does around the steps is the composed
-:class:`~.family.PredictionFamily`'s. It owns no Lightning object: a hybrid strategy hands it the step
-(:class:`~.interface.StepHandler`), and the ``HybridScheduler`` calls it from Lightning's hooks."""
+cycle) and :mod:`~.record` (counts); prediction around the steps is the :class:`~.family.PredictionFamily`'s. It owns
+no Lightning object: a strategy hands it the step (:class:`~.interface.StepHandler`), the scheduler calls its hooks."""
 
 from __future__ import annotations
 
@@ -55,10 +54,8 @@ class HybridEngine:
         self.store: ParameterStore | None = None
         self.step_guard: StepGuard | None = None
         self.collectives: Collectives | None = None
-        self.automatic = True
-        self.global_step = 0
+        self.automatic, self.global_step, self.world_size = True, 0, 1
         self.last_step: int | None = None  # where training will end, if known
-        self.world_size = 1
         self.deferred: list[Deferred] = []  # quiet steps not read yet, oldest first
         self.skips_on_device = False  # the bound optimizer's update can be skipped on the device (a quiet step)
         self._restored = False  # a checkpoint was loaded since the last bind
@@ -256,6 +253,9 @@ class HybridEngine:
             return output
 
         return guarded
+
+    def clipping_norm(self, params: list[Tensor]) -> Tensor | None:  # the guard's (a step reads its gradients once)
+        return self.step_guard.clipping_norm(params) if self.bound and not self.predicting else None
 
     def _check_ordinary_step(self) -> None:
         monitor, counters, step, store = self.parts.monitor, self.record.counters, self.step, self.store

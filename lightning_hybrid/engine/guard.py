@@ -10,6 +10,7 @@ values are read later with others (:meth:`StepGuard.check_on_device`). That need
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -69,6 +70,10 @@ class StepGuard:
         # several ranks reduce one whole norm, not one per gradient: a length that no rank's gradients can change
         self.whole_norm = collectives.sharded or world_size > 1
         self._limit, self._bound_now, self._mask_now = math.nan, torch.empty(0), torch.empty(0)
+        # where Lightning clips by norm (set by the scheduler): the last measurement's gradients (held weakly: never
+        # kept alive past their step), their versions and norms, for clipping_norm
+        self.for_clipping = False
+        self._measured: tuple[list[weakref.ref[Tensor]], list[int], list[Tensor]] | None = None
         # a Python number in `torch.where` is a new tensor (an operation) at every call: these are made once
         self._zero, self._one, self._nan = (torch.tensor(v, device=self.device) for v in (0.0, 1.0, math.nan))
 
@@ -122,6 +127,8 @@ class StepGuard:
         device."""
         loss = loss_sum if loss_sum is not None else torch.full((), math.nan, device=self.device)
         norms = torch._foreach_norm(grads, 2, dtype=torch.float32) if grads else []
+        if self.for_clipping and self.scaler is None and not self.sharded:
+            self._measured = ([weakref.ref(g) for g in grads], [g._version for g in grads], norms)
         if self.scaler is not None and grads:  # get_scale() would read the scale to the host
             norms = torch._foreach_div(norms, self.scaler._get_scale_async().view(()))
         if self.whole_norm:  # every rank takes part in the sum, with gradients or without
@@ -180,6 +187,29 @@ class StepGuard:
             bound = min(outlier_limit, FLOAT32_MAX)
             self._limit, self._bound_now = outlier_limit, torch.tensor(bound, device=self.device)
         return self._bound_now
+
+    def clipping_norm(self, params: list[Tensor]) -> Tensor | None:
+        """The total norm Lightning's clipping by norm is about to compute for ``params``' gradients, from this
+        step's measurement, bitwise as ``torch.nn.utils.get_total_norm`` takes it: where every gradient is one the
+        guard measured, unchanged since (its version), float32 and on one device. ``None`` otherwise (clipping then
+        measures them itself)."""
+        if self._measured is None:
+            return None
+        refs, versions, norms = self._measured
+        at = {id(g): i for i, ref in enumerate(refs) if (g := ref()) is not None}
+        picked = []
+        for p in params:
+            g = p.grad
+            if g is None:
+                continue
+            i = at.get(id(g))
+            if i is None or g._version != versions[i] or g.dtype != torch.float32 or g.device != norms[0].device:
+                return None
+            picked.append(norms[i])
+        if not picked:
+            return None
+        with torch.no_grad():
+            return torch.linalg.vector_norm(torch.stack(picked))
 
     def step_done(self, optimizer: Optimizer) -> None:
         """Take back the ``found_inf`` a quiet step handed ``optimizer``, which has just stepped. A gradient scaler

@@ -36,6 +36,10 @@ class StepHandler(Protocol):
         """``run(closure)`` steps ``optimizer`` with ``closure`` (the forward and backward, in automatic
         optimization), through Lightning's precision plugin."""
 
+    def clipping_norm(self, params: list[Tensor]) -> Tensor | None:
+        """The total norm of ``params``' gradients, where the handler measured it this step as clipping would
+        (bitwise), so that clipping need not take it again; ``None`` otherwise."""
+
     def evaluate(self, on: bool) -> bool:
         """Put in the parameters what the run is evaluated at (``on``: a checkpoint is written), or take it back out;
         returns whether they changed."""

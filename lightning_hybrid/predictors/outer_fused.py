@@ -6,67 +6,56 @@ which stays the reference and the fallback). The same formula and the same order
 the sums are float64 and taken in a fixed order, so a jump is deterministic and within float32 rounding of the eager
 one. Where the restart is checked it reads the host once, and otherwise not at all.
 
-Used on CUDA for float32, contiguous, unsharded tensors with the state on the device, once :func:`works` has
+Used on CUDA for float32, contiguous, unsharded tensors with the state on the device, once :func:`usable` has
 checked the kernels against the eager path on the device (once a process); everywhere else the eager path runs."""
 
 from __future__ import annotations
 
 import math
 import sys
-import warnings
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from lightning_hybrid.predictors.fused_blocks import BLOCK, Blocks, blocks_for, checked, close, served, triton
 from lightning_hybrid.predictors.outer_jump import plan as eager_plan
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # a CPU build of torch comes without Triton: the eager jump
-    triton = None
-
-DEVICE_TYPES = {"cuda"}  # where Triton compiles them (its interpreter, TRITON_INTERPRET=1, runs them on the CPU too)
-BLOCK = 4096  # elements a program of either pass handles
 ROWS = 64  # partial sums the reduction adds at a time
 # per tensor: |s|², |b|², s·b, |d|², |w|², |w + d|² (w the weights, d the jump before keep_norms); the first pass
 # sums all but |d|², which the reduction derives
 SUMS = 6
-# whether the kernels agreed with the eager path, per device and variant (see works)
-_works: dict[tuple[torch.device, tuple[bool, bool, bool]], bool] = {}
 
 if triton is not None:
+    import triton.language as tl
+
+    from lightning_hybrid.predictors.fused_blocks import address, block_of
+
     TINY = tl.constexpr(sys.float_info.min)  # the eager path's floor for a norm it divides by
 
     @triton.jit
-    def _address(tables, row, t, n_tensors):
-        return tl.load(tables + row * n_tensors + t).to(tl.pointer_type(tl.float32))
-
-    @triton.jit
-    def _jump(tables, start_of_block, numels, t, pid, mu, c1, c2, n_tensors, HAS_B: tl.constexpr, B: tl.constexpr):
+    def _jump(tables, of_block, start_of_block, numels, mu, c1, c2, n_tensors, HAS_B: tl.constexpr,
+              B: tl.constexpr):  # fmt: skip
         """A block's weights, displacement, momentum and new weights (before ``keep_norms``), as the eager path
         computes them: ``s = a - w``, ``b' = s + μ b``, ``w + c1 b' + c2 b``."""
-        offs = tl.load(start_of_block + pid) + tl.arange(0, B)
-        mask = offs < tl.load(numels + t)
-        w = tl.load(_address(tables, 0, t, n_tensors) + offs, mask=mask, other=0.0)
-        s = tl.load(_address(tables, 1, t, n_tensors) + offs, mask=mask, other=0.0) - w
+        pid, t, offs, mask = block_of(of_block, start_of_block, numels, B)
+        w = tl.load(address(tables, 0, t, n_tensors) + offs, mask=mask, other=0.0)
+        s = tl.load(address(tables, 1, t, n_tensors) + offs, mask=mask, other=0.0) - w
         if HAS_B:
-            b = tl.load(_address(tables, 2, t, n_tensors) + offs, mask=mask, other=0.0)
+            b = tl.load(address(tables, 2, t, n_tensors) + offs, mask=mask, other=0.0)
             moved = s + mu * b
             after = (w + c1 * moved) + c2 * b
         else:
             b = tl.zeros_like(s)
             moved = s
             after = w + c1 * s
-        return offs, mask, w, s, b, moved, after
+        return pid, t, offs, mask, w, s, b, moved, after
 
     @triton.jit
     def _sums_kernel(tables, of_block, start_of_block, numels, partial, mu, c1, c2, n_tensors, HAS_B: tl.constexpr,
                      B: tl.constexpr):  # fmt: skip
-        pid = tl.program_id(0)
-        t = tl.load(of_block + pid)
-        _, _, w, s, b, _, after = _jump(tables, start_of_block, numels, t, pid, mu, c1, c2, n_tensors, HAS_B, B)
+        pid, _, _, _, w, s, b, _, after = _jump(tables, of_block, start_of_block, numels, mu, c1, c2, n_tensors,
+                                                HAS_B, B)  # fmt: skip
         s, b, w, after = s.to(tl.float64), b.to(tl.float64), w.to(tl.float64), after.to(tl.float64)
         row = partial + pid * 5
         tl.store(row, tl.sum(s * s, axis=0))
@@ -109,53 +98,36 @@ if triton is not None:
     @triton.jit
     def _write_kernel(tables, of_block, start_of_block, numels, scales, mu, c1, c2, n_tensors, HAS_B: tl.constexpr,
                       KEEP: tl.constexpr, B: tl.constexpr):  # fmt: skip
-        pid = tl.program_id(0)
-        t = tl.load(of_block + pid)
-        offs, mask, w, _, _, moved, after = _jump(tables, start_of_block, numels, t, pid, mu, c1, c2, n_tensors,
-                                                  HAS_B, B)  # fmt: skip
+        _, t, offs, mask, w, _, _, moved, after = _jump(tables, of_block, start_of_block, numels, mu, c1, c2,
+                                                        n_tensors, HAS_B, B)  # fmt: skip
         after = after * tl.load(scales + t)
         if KEEP:
-            tl.store(_address(tables, 3, t, n_tensors) + offs, w, mask=mask)
-        tl.store(_address(tables, 0, t, n_tensors) + offs, after, mask=mask)
-        tl.store(_address(tables, 1, t, n_tensors) + offs, after, mask=mask)
+            tl.store(address(tables, 3, t, n_tensors) + offs, w, mask=mask)
+        tl.store(address(tables, 0, t, n_tensors) + offs, after, mask=mask)
+        tl.store(address(tables, 1, t, n_tensors) + offs, after, mask=mask)
         if HAS_B:
-            tl.store(_address(tables, 2, t, n_tensors) + offs, moved, mask=mask)
+            tl.store(address(tables, 2, t, n_tensors) + offs, moved, mask=mask)
 
 
 class Launch:
     """What both passes need for one list of tensors, made once and kept (no allocation in a jump after the first):
-    which tensor and offset each program handles, the partial and per-tensor sums, the scales, and the table of the
-    four lists' addresses, sent again only when an address changed."""
+    the blocks and the four lists' addresses (:class:`~.fused_blocks.Blocks`), the partial and per-tensor sums,
+    and the scales."""
 
-    def __init__(self, numels: list[int], device: torch.device) -> None:
-        counts = torch.tensor([max(1, -(-n // BLOCK)) for n in numels])
-        first = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
-        of_block = torch.repeat_interleave(torch.arange(len(numels)), counts)
-        start = (torch.arange(len(of_block)) - first[of_block]) * BLOCK
-        made = (of_block, start, first, torch.tensor(numels))
-        self.of_block, self.start_of_block, self.first_block, self.numels = (
-            x.to(device=device, dtype=torch.int64) for x in made
-        )
-        self.partial = torch.empty(len(of_block), 5, dtype=torch.float64, device=device)
-        self.sums = torch.empty(len(numels), SUMS, dtype=torch.float64, device=device)
-        self.scales = torch.empty(len(numels), device=device)
-        self.tables = torch.zeros(4, len(numels), dtype=torch.int64, device=device)
-        self.addresses: list[list[int]] = []
-
-    def point_at(self, lists: list[list[Tensor]]) -> None:
-        addresses = [[t.data_ptr() for t in tensors] for tensors in lists]
-        if addresses != self.addresses:
-            self.tables.copy_(torch.tensor(addresses, dtype=torch.int64))
-            self.addresses = addresses
+    def __init__(self, blocks: Blocks) -> None:
+        self.blocks, device, n = blocks, blocks.tables.device, blocks.tables.shape[1]
+        self.partial = torch.empty(blocks.grid[0], 5, dtype=torch.float64, device=device)
+        self.sums = torch.empty(n, SUMS, dtype=torch.float64, device=device)
+        self.scales = torch.empty(n, device=device)
 
 
-_launches: dict[tuple[torch.device, tuple[int, ...]], Launch] = {}
+_launches: dict[int, Launch] = {}  # by the id of their blocks, which are kept
 
 
 def launch_for(params: list[Tensor]) -> Launch:
     """The kept :class:`Launch` for tensors of these sizes on their device (made at the first call)."""
-    key = (params[0].device, tuple(p.numel() for p in params))
-    return _launches.get(key) or _launches.setdefault(key, Launch(list(key[1]), key[0]))
+    blocks = blocks_for(params, 4)
+    return _launches.get(id(blocks)) or _launches.setdefault(id(blocks), Launch(blocks))
 
 
 @dataclass
@@ -173,23 +145,19 @@ class FusedJumpPlan:
     def commit(self, params: list[Tensor], anchor: list[Tensor], before: list[Tensor]) -> None:
         """Make the jump: ``before`` must be the list the plan was made with."""
         launch, (mu, c1, c2, keep) = self.launch, self.arguments
-        grid = (len(launch.of_block),)
-        _write_kernel[grid](launch.tables, launch.of_block, launch.start_of_block, launch.numels, launch.scales, mu,
-                            c1, c2, len(params), HAS_B=bool(self.momentum), KEEP=keep, B=BLOCK)  # fmt: skip
+        k = launch.blocks
+        _write_kernel[k.grid](k.tables, k.of_block, k.start_of_block, k.numels, launch.scales, mu, c1, c2, len(params),
+                              HAS_B=bool(self.momentum), KEEP=keep, B=BLOCK)  # fmt: skip
 
 
 def usable(lists: list[list[Tensor]], sharded: bool, keep_norms: bool) -> bool:
     """Whether the fused jump serves these tensors (the weights, the anchor, ``b``, the weights kept; ``b`` or the
-    last empty where there are none): Triton, CUDA, float32, contiguous, one device, unsharded, and kernels that
+    last empty where there are none): unsharded, where kernels run (:func:`~.fused_blocks.served`), and kernels that
     agreed with the eager path on that device in this variant."""
-    params, _, b, before = lists
-    if triton is None or sharded or not params:
+    if sharded or not served(lists):
         return False
-    device = params[0].device
-    every = [t for tensors in lists for t in tensors]
-    if not all(t.device.type in DEVICE_TYPES and t.device == device and t.dtype == torch.float32 for t in every):
-        return False
-    return all(t.is_contiguous() for t in every) and works(device, (bool(b), bool(before), keep_norms))
+    device, variant = lists[0][0].device, (bool(lists[2]), bool(lists[3]), keep_norms)
+    return checked("outer jump", device, variant, lambda: _agrees(device, *variant))
 
 
 def plan(params: list[Tensor], anchor: list[Tensor], b: list[Tensor], before: list[Tensor], eta: float, mu: float, *,
@@ -199,11 +167,11 @@ def plan(params: list[Tensor], anchor: list[Tensor], b: list[Tensor], before: li
     n, has_b = len(params), mu > 0
     c1, c2 = 1.0 - eta - eta * mu, -(1.0 - eta) * mu
     launch = launch_for(params)
-    launch.point_at([params, anchor, b if has_b else params, before or params])
-    grid = (len(launch.of_block),)
-    _sums_kernel[grid](launch.tables, launch.of_block, launch.start_of_block, launch.numels, launch.partial, mu, c1,
-                       c2, n, HAS_B=has_b, B=BLOCK)  # fmt: skip
-    _reduce_kernel[(n,)](launch.partial, launch.first_block, launch.sums, launch.scales, c1, c1 * mu + c2,
+    k = launch.blocks
+    k.point_at([params, anchor, b if has_b else params, before or params])
+    _sums_kernel[k.grid](k.tables, k.of_block, k.start_of_block, k.numels, launch.partial, mu, c1, c2, n, HAS_B=has_b,
+                         B=BLOCK)  # fmt: skip
+    _reduce_kernel[(n,)](launch.partial, k.first_block, launch.sums, launch.scales, c1, c1 * mu + c2,
                          KEEP_NORMS=keep_norms, R=ROWS)  # fmt: skip
     totals = launch.sums.sum(dim=0)  # |s|², |b|², s·b, |d|², |w|², |w + d|² over the tensors
     restart, size = False, None
@@ -216,25 +184,9 @@ def plan(params: list[Tensor], anchor: list[Tensor], b: list[Tensor], before: li
     return FusedJumpPlan(b if has_b else [], anchor, restart, size, launch, (mu, c1, c2, bool(before)))
 
 
-def works(device: torch.device, variant: tuple[bool, bool, bool]) -> bool:
-    """Whether the kernels compile on ``device`` and make the eager path's jump there (within float32 rounding), in
-    ``variant`` (with a momentum, with the weights kept, with ``keep_norms``), on tensors of sizes across a block's
-    edge and norms 12 orders of magnitude apart; checked once, and said if not."""
-    key = (device, variant)
-    if key not in _works:
-        try:
-            _works[key] = _agrees(device, *variant)
-            why = "its result differed from the eager jump's"
-        except Exception as error:  # a compiler or driver the kernels do not run under
-            _works[key], why = False, f"it failed: {type(error).__name__}: {error}"
-        if not _works[key]:
-            warnings.warn(
-                f"hybrid: the fused outer jump is not used on {device}: {why}; jumps run eagerly", stacklevel=3
-            )
-    return _works[key]
-
-
 def _agrees(device: torch.device, has_b: bool, keep: bool, keep_norms: bool) -> bool:
+    """Whether the kernels make the eager path's jump on ``device`` in this variant, within float32 rounding, on
+    tensors of sizes across a block's edge and norms 12 orders of magnitude apart."""
     generator, mu = torch.Generator().manual_seed(0), 0.5 if has_b else 0.0
     sizes, norms = [1, 3, BLOCK + 1, 2 * BLOCK + 7], [1e-6, 1.0, 1e6, 1.0]
 
@@ -251,10 +203,5 @@ def _agrees(device: torch.device, has_b: bool, keep: bool, keep_norms: bool) -> 
     fused.commit(params, anchor, before)
     exact = all(torch.equal(x, y) for x, y in zip(before, kept)) and fused.restart == reference.restart
     made = [*reference.weights, *reference.weights, *reference.momentum]
-    close = [_close(x, y) for x, y in zip([*params, *anchor, *b], made)]
-    return exact and all(close) and math.isclose(float(fused.size[0]), float(reference.size[0]), rel_tol=1e-6)
-
-
-def _close(x: Tensor, y: Tensor) -> bool:
-    """Within float32 rounding, relative to the tensor's norm."""
-    return bool((x - y).norm() <= 1e-6 * y.norm()) and bool(torch.isfinite(x).all())
+    close_enough = [close(x, y) for x, y in zip([*params, *anchor, *b], made)]
+    return exact and all(close_enough) and math.isclose(float(fused.size[0]), float(reference.size[0]), rel_tol=1e-6)
