@@ -193,7 +193,8 @@ class HybridPredictStrategy(HybridStrategyMixin, SingleDeviceStrategy):
     @override
     def root_device(self) -> torch.device:
         if not self._device_given and self.parallel_devices:
-            return torch.device(self.parallel_devices[0])
+            first = self.parallel_devices[0]  # the connector's torch.device: not built again at each call
+            return first if isinstance(first, torch.device) else torch.device(first)
         return self._root_device
 
     @override
