@@ -163,14 +163,15 @@ def _clip_by_norm(plugin: Any, routing: StepRouting, optimizer: Optimizer, clip_
     """The precision plugin's own ``clip_grad_by_norm``, with the gradients' total norm the step handler took this
     step where it has it: torch's ``clip_grads_with_norm_`` then scales them as ``clip_grad_norm_`` would, bitwise,
     without a second pass over them to measure."""
-    own = type(plugin).clip_grad_by_norm
-    handler = routing._hybrid
+    own, handler = type(plugin).clip_grad_by_norm, routing._hybrid
+    with_norm = getattr(torch.nn.utils, "clip_grads_with_norm_", None)  # torch 2.6 and later
     params = list(plugin.main_params(optimizer))
-    total = handler.clipping_norm(params) if handler is not None and own is Precision.clip_grad_by_norm else None
+    reusing = handler is not None and with_norm is not None and own is Precision.clip_grad_by_norm
+    total = handler.clipping_norm(params) if reusing else None
     if total is None:
         own(plugin, optimizer, clip_val)
     else:
-        torch.nn.utils.clip_grads_with_norm_(params, clip_val, total)
+        with_norm(params, clip_val, total)
 
 
 class HybridPredictStrategy(HybridStrategyMixin, SingleDeviceStrategy):
