@@ -5,6 +5,7 @@ resumes from those results (a run already recorded is never run again).
     python -m benchmarks.gpu                       # the plan's first call, about 6.5 minutes: the grid first
     python -m benchmarks.gpu --budget-min 5        # the second: the grid goes on where the first stopped
     python -m benchmarks.gpu --parts sync memory   # the mechanics checks, by name
+    python -m benchmarks.gpu --parts kernels       # the rules' Triton kernels on the GPU, about 2 minutes
     python -m benchmarks.gpu --dry-run             # on the CPU at tiny sizes: the suite runs it so it cannot rot
     python -m benchmarks.gpu --report --out DIR    # DIR's README.md rewritten from its files, nothing run
 
@@ -399,12 +400,19 @@ def _unfinished(result: dict[str, Any] | None) -> bool:
     return not result or "error" in result
 
 
+def _mechanics_due(parts: list[str], done: dict[str, Any] | None) -> list[str]:
+    """The named mechanics parts not yet done: their minutes come out of the call's budget before the plan's."""
+    record = (done or {}).get("mechanics") or {}
+    return [p for p in parts if p in MECHANICS and _unfinished(record.get(p))]
+
+
 def run(parts: list[str], out: Path, budget_min: float, dry: bool) -> dict[str, Any]:
     """The named mechanics parts, then the plan's rows this call has room for (every one, dry)."""
     out.mkdir(parents=True, exist_ok=True)
     done = {name: _load(out / f"{name}.json") for name in FILES}
     grid_root = out / "grid" if dry else None
-    rows = this_call([r for r in plan(done, GPA_ARM or dry, grid_root) if r[0] in parts], budget_min, dry)
+    budget_rows = budget_min - sum(MECHANICS[p][1] for p in _mechanics_due(parts, done))
+    rows = this_call([r for r in plan(done, GPA_ARM or dry, grid_root) if r[0] in parts], budget_rows, dry)
     with tempfile.TemporaryDirectory() as workdir:
         call = Call(out, dry, time.monotonic() + budget_min * 60, workdir)
         for part in (p for p in parts if p in MECHANICS):
@@ -577,12 +585,12 @@ def plan_text(
     parts: list[str], budget_min: float, dry: bool = False, done: dict[str, Any] | None = None, out: Path | None = None
 ) -> str:
     rows = [r for r in plan(done, GPA_ARM or dry, out / "grid" if dry and out else None) if r[0] in parts]
-    now = this_call(rows, budget_min, dry)
+    named = _mechanics_due(parts, done)
+    now = this_call(rows, budget_min - sum(MECHANICS[p][1] for p in named), dry)
     lines = [
         f"plan ({'dry run, tiny sizes' if dry else 'estimated minutes on an H200'}; this call: the first {len(now)}):"
     ]
     lines += [f"  {part:15s} {what:62s} ~{minutes:.1f} min" for part, what, minutes in rows]
-    named = [p for p in parts if p in MECHANICS]
     lines += [f"  {p:15s} (named) ~{MECHANICS[p][1]:.1f} min" for p in named]
     total = sum(r[2] for r in now) + sum(MECHANICS[p][1] for p in named)
     return "\n".join([*lines, f"  this call ~{total:.1f} min"])

@@ -1,7 +1,7 @@
-"""The GPU command's mechanics checks, run when named (``python -m benchmarks.gpu --parts sync memory``): the
-suite's CUDA tests, memory along a long predicting run, the Predict phase's offload, the default rule's device
-memory, ``16-mixed`` and FSDP over NCCL. Each takes the call (where results go, how small the runs are) and returns
-its result."""
+"""The GPU command's mechanics checks, run when named (``python -m benchmarks.gpu --parts sync memory``): the suite's
+CUDA tests, the rules' Triton kernels, memory along a long predicting run, the Predict phase's offload, the default
+rule's device memory, ``16-mixed`` and FSDP over NCCL. Each takes the call (where results go, how small the runs are)
+and returns its result."""
 
 from __future__ import annotations
 
@@ -79,6 +79,38 @@ def sync(call: Call) -> dict[str, Any]:
     args = [sys.executable, "-m", "pytest", "-q", "-p", "no:warnings", "--tb=short", *tests]
     done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
     return {"passed": done.returncode == 0, "output": done.stdout[-6000:]}
+
+
+def kernels(call: Call) -> dict[str, Any]:
+    """The rules' Triton kernels on a GPU, on by default there and run so far only in Triton's interpreter: the
+    suite's fused tests (each kernel against the eager path and the float64 formula, fits that resume bitwise),
+    then ``gpa``'s step on the 85M model's tensors timed eagerly and by its kernel."""
+    tests = ["tests/test_outer_fused.py", "tests/test_outer_reference.py", "tests/test_gpa.py"]
+    tests += ["tests/test_benchmarks.py::test_the_gpa_cost_driver_counts_the_fused_kernel_at_the_floor"]
+    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:warnings", "--tb=short", *tests]
+    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
+    return {"passed": done.returncode == 0, "output": done.stdout[-6000:], "gpa_step_ms": _gpa_step_ms()}
+
+
+def _gpa_step_ms(repeats: int = 20) -> dict[str, Any]:
+    """Median milliseconds of one ``gpa`` step on the 85M model's tensors, eagerly and fused (synchronised)."""
+    from benchmarks.gpa_cost import GPT2_SMALL, _averaging
+    from lightning_hybrid.demos.char_gpt import CharGPT
+
+    layers, width, heads = GPT2_SMALL
+    model = CharGPT(n_layer=layers, n_head=heads, n_embd=width, block_size=256).cuda()
+    out: dict[str, Any] = {}
+    for fused in (False, True):
+        rule, params = _averaging(model, fused=fused)
+        kept, seconds = torch.ones((), device="cuda"), []
+        for _ in range(repeats + 3):  # the first three warm up
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            rule.average(params, kept)
+            torch.cuda.synchronize()
+            seconds.append(time.perf_counter() - start)
+        out["fused" if fused else "eager"] = {"median": statistics.median(seconds[3:]) * 1e3, "kernels": rule._kernels}
+    return out
 
 
 def memory(call: Call) -> dict[str, Any]:
@@ -202,6 +234,7 @@ def fsdp(call: Call) -> dict[str, Any]:
 MECHANICS: dict[str, tuple[Callable[[Call], dict[str, Any]], float, str | None]] = {
     # name -> (what it runs, minutes it takes on a GPU, why it cannot run on the CPU)
     "sync": (sync, 1.0, "needs CUDA: torch.cuda.set_sync_debug_mode"),
+    "kernels": (kernels, 2.0, "needs CUDA: the suite runs the kernels in Triton's interpreter where it has Triton"),
     "memory": (memory, 3.0, None),
     "offload": (offload, 1.5, None),
     "outer_memory": (outer_memory, 1.5, None),

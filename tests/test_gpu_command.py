@@ -188,6 +188,19 @@ def test_the_plan_is_printed_first_and_each_call_takes_what_fits_its_budget(caps
     assert printed.startswith("plan (dry run") and "this call ~" in printed.split("# The GPU")[0]
 
 
+def test_a_named_mechanics_part_takes_its_minutes_from_the_calls_budget(tmp_path, monkeypatch):
+    """A budget that fits the 85M plan's first two rows fits one once the kernels' check (not yet done) is named."""
+    from benchmarks import scale
+
+    monkeypatch.setattr(scale, "GPU_OUT", tmp_path)
+    rows = [row for row in gpu.plan(gpa=False) if row[0] != "grid"]
+    budget = rows[0][2] + rows[1][2] + 0.01
+    assert "this call: the first 2" in gpu.plan_text(["sweep", "quality"], budget)
+    assert "this call: the first 1" in gpu.plan_text(["kernels", "sweep", "quality"], budget)
+    done = {"mechanics": {"kernels": {"passed": True}}}  # done: it takes nothing
+    assert "this call: the first 2" in gpu.plan_text(["kernels", "sweep", "quality"], budget, done=done)
+
+
 def test_a_failing_part_is_recorded_and_the_others_still_run(tmp_path, monkeypatch):
     def broken(call):
         raise RuntimeError("out of memory, say")
