@@ -99,6 +99,15 @@ def checked(what: str, device: torch.device, variant: tuple[bool, ...], agrees: 
     return _checked[key]
 
 
+def checking_lists(device: torch.device, count: int) -> list[list[Tensor]]:
+    """``count`` lists of tensors for a kernel's check: sizes across a block's edge, norms 12 orders of magnitude
+    apart, the same draws in every process (a generator of their own)."""
+    generator, sizes, norms = torch.Generator().manual_seed(0), [1, 3, BLOCK + 1, 2 * BLOCK + 7], [1e-6, 1.0, 1e6, 1.0]
+    return [
+        [torch.randn(n, generator=generator).mul_(s).to(device) for n, s in zip(sizes, norms)] for _ in range(count)
+    ]
+
+
 def close(x: Tensor, y: Tensor) -> bool:
     """Within float32 rounding, relative to the tensor's norm."""
     return bool((x - y).norm() <= 1e-6 * y.norm()) and bool(torch.isfinite(x).all())

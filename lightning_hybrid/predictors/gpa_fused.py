@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 import lightning_hybrid.predictors.gpa_step as gpa_step
-from lightning_hybrid.predictors.fused_blocks import BLOCK, blocks_for, checked, close, served, triton
+from lightning_hybrid.predictors.fused_blocks import BLOCK, blocks_for, checked, checking_lists, close, served, triton
 
 if triton is not None:
     import triton.language as tl
@@ -77,13 +77,8 @@ def _agrees(device: torch.device) -> bool:
     """Whether the kernels make the eager step on ``device`` within float32 rounding, on tensors of sizes across a
     block's edge and norms 12 orders of magnitude apart; a step not kept changes nothing, bitwise, and the training
     point alone is the step's, bitwise."""
-    generator, mu_x, mu_y = torch.Generator().manual_seed(0), 0.9, 0.7
-    sizes, norms = [1, 3, BLOCK + 1, 2 * BLOCK + 7], [1e-6, 1.0, 1e6, 1.0]
-
-    def draw() -> list[Tensor]:
-        return [torch.randn(n, generator=generator).mul_(s).to(device) for n, s in zip(sizes, norms)]
-
-    params, z, x = draw(), draw(), draw()
+    mu_x, mu_y = 0.9, 0.7
+    params, z, x = checking_lists(device, 3)
     eager = [[t.clone() for t in ts] for ts in (params, z, x)]
     one = torch.ones((), device=device)
     gpa_step.average(*eager, one, mu_x, mu_y)

@@ -18,7 +18,16 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lightning_hybrid.predictors.fused_blocks import BLOCK, Blocks, blocks_for, checked, close, served, triton
+from lightning_hybrid.predictors.fused_blocks import (
+    BLOCK,
+    Blocks,
+    blocks_for,
+    checked,
+    checking_lists,
+    close,
+    served,
+    triton,
+)
 from lightning_hybrid.predictors.outer_jump import plan as eager_plan
 
 ROWS = 64  # partial sums the reduction adds at a time
@@ -187,13 +196,8 @@ def plan(params: list[Tensor], anchor: list[Tensor], b: list[Tensor], before: li
 def _agrees(device: torch.device, has_b: bool, keep: bool, keep_norms: bool) -> bool:
     """Whether the kernels make the eager path's jump on ``device`` in this variant, within float32 rounding, on
     tensors of sizes across a block's edge and norms 12 orders of magnitude apart."""
-    generator, mu = torch.Generator().manual_seed(0), 0.5 if has_b else 0.0
-    sizes, norms = [1, 3, BLOCK + 1, 2 * BLOCK + 7], [1e-6, 1.0, 1e6, 1.0]
-
-    def draw() -> list[Tensor]:
-        return [torch.randn(n, generator=generator).mul_(s).to(device) for n, s in zip(sizes, norms)]
-
-    params, anchor, noise = draw(), draw(), draw()
+    mu = 0.5 if has_b else 0.0
+    params, anchor, noise = checking_lists(device, 3)
     b = [(a - w).mul_(0.5).add_(e, alpha=0.1) for w, a, e in zip(params, anchor, noise)] if has_b else []
     settings = {"keep_norms": keep_norms, "check_restart": has_b, "measure": True}  # along s: no restart
     reference = eager_plan(params, anchor, b, 0.7, mu, **settings, sum_across_ranks=None)
