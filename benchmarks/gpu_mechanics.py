@@ -76,6 +76,11 @@ def sync(call: Call) -> dict[str, Any]:
         "where_it_would_crowd_cuda"
     ]
     tests += ["tests/test_lightning_run.py::test_the_update_average_waits_on_the_host_between_fits_on_cuda"]
+    return _pytest(tests)
+
+
+def _pytest(tests: list[str]) -> dict[str, Any]:
+    """The suite's ``tests`` in a process of their own: whether they passed, and the end of what pytest printed."""
     args = [sys.executable, "-m", "pytest", "-q", "-p", "no:warnings", "--tb=short", *tests]
     done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
     return {"passed": done.returncode == 0, "output": done.stdout[-6000:]}
@@ -87,9 +92,7 @@ def kernels(call: Call) -> dict[str, Any]:
     then ``gpa``'s step on the 85M model's tensors timed eagerly and by its kernel."""
     tests = ["tests/test_outer_fused.py", "tests/test_outer_reference.py", "tests/test_gpa.py"]
     tests += ["tests/test_benchmarks.py::test_the_gpa_cost_driver_counts_the_fused_kernel_at_the_floor"]
-    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:warnings", "--tb=short", *tests]
-    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
-    return {"passed": done.returncode == 0, "output": done.stdout[-6000:], "gpa_step_ms": _gpa_step_ms()}
+    return _pytest(tests) | {"gpa_step_ms": _gpa_step_ms()}
 
 
 def _gpa_step_ms(repeats: int = 20) -> dict[str, Any]:
