@@ -165,13 +165,12 @@ def _clip_by_norm(plugin: Any, routing: StepRouting, optimizer: Optimizer, clip_
     without a second pass over them to measure."""
     own, handler = type(plugin).clip_grad_by_norm, routing._hybrid
     with_norm = getattr(torch.nn.utils, "clip_grads_with_norm_", None)  # torch 2.6 and later
-    params = list(plugin.main_params(optimizer))
-    reusing = handler is not None and with_norm is not None and own is Precision.clip_grad_by_norm
-    total = handler.clipping_norm(params) if reusing else None
-    if total is None:
-        own(plugin, optimizer, clip_val)
-    else:
-        with_norm(params, clip_val, total)
+    if handler is not None and with_norm is not None and own is Precision.clip_grad_by_norm:
+        params = list(plugin.main_params(optimizer))
+        if (total := handler.clipping_norm(params)) is not None:
+            with_norm(params, clip_val, total)
+            return
+    own(plugin, optimizer, clip_val)
 
 
 class HybridPredictStrategy(HybridStrategyMixin, SingleDeviceStrategy):
