@@ -5,7 +5,8 @@
 
 A tiny MLP (32 -> 64 -> 10, batch 8, AdamW) on fixed batches, one torch thread: a step of plain Lightning costs a
 few hundred microseconds, so what the plugin adds is its own host work, which on a GPU is wall time unless the
-device's step hides it. Plain Lightning and each mode alternate in pairs in this process, ``--rounds`` times. A callback
+device's step hides it. The plugin is ``HybridScheduler`` beside Lightning's own strategy (the per-step mode: beside
+the hybrid one). Plain Lightning and each mode alternate in pairs in this process, ``--rounds`` times. A callback
 listed last reads the process's CPU time at every batch end, so a step's time brackets every callback's hooks.
 Per mode and round: the median step above plain's median step of the pair, in microseconds, over
 
@@ -42,16 +43,18 @@ import lightning as L
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.loops.optimization.automatic import Closure
+from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import Strategy
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import DataLoader, TensorDataset
 
+import lightning_hybrid.callbacks.optimizer_hooks as optimizer_hooks
 from benchmarks.harness import RESULTS, machine, write_atomic
-from lightning_hybrid import HybridPredictStrategy, hybrid_callbacks
+from lightning_hybrid import HybridPredictStrategy
+from lightning_hybrid.callbacks.optimizer_hooks import OptimizerHooks
 from lightning_hybrid.callbacks.scheduler import HybridScheduler
-from lightning_hybrid.engine import HybridEngine
-from lightning_hybrid.strategy import StepRouting
+from lightning_hybrid.step_routing import StepRouting
 
 OUT = RESULTS / "host_work"
 # mode -> hybrid_callbacks settings, and the run's options: `fused` (the optimizer's), `logged` (a TensorBoard logger)
@@ -64,11 +67,16 @@ MODES: dict[str, dict[str, Any]] = {
     "per_step_tracking": {"predictor": "linear", "confidence_threshold": 1.0, "backoff_after": 0},
 }
 BRACKETED_PLUGIN = {
-    HybridScheduler: ("on_train_batch_start", "on_train_batch_end", "_before_optimizer_step", "_after_optimizer_step"),
+    HybridScheduler: ("on_train_batch_start", "on_before_backward", "on_before_optimizer_step", "on_train_batch_end"),
+    OptimizerHooks: ("_before", "_after"),
+    optimizer_hooks: ("_then_drop_skipped",),
     StepRouting: ("training_step", "backward", "optimizer_step"),
-    HybridEngine: ("_check_ordinary_step",),
 }
-BRACKETED_LIGHTNING = {Strategy: ("training_step", "backward", "optimizer_step"), Closure: ("__call__",)}
+BRACKETED_LIGHTNING = {
+    Strategy: ("training_step", "backward", "optimizer_step"),
+    Precision: ("_wrap_closure",),
+    Closure: ("__call__",),
+}
 GOALS_US = {"default_aside": 50, "default_jumping": 100, "per_step_backed_off": 100}
 
 
@@ -105,13 +113,14 @@ def _fit(steps: int, settings: dict[str, Any] | None, options: dict[str, bool]) 
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(8 * steps, 32), torch.randint(0, 10, (8 * steps,)))
     clock = BatchEndStamps()
-    hybrid = [] if settings is None else hybrid_callbacks(**settings)
+    hybrid = [] if settings is None else [HybridScheduler(**settings)]
+    per_step = settings is not None and settings.get("predictor") == "linear"  # the hybrid strategy's own mode
     with tempfile.TemporaryDirectory() as logs:
         logger = TensorBoardLogger(logs) if options.get("logged") else False
         trainer = L.Trainer(
             max_steps=steps, accelerator="cpu", logger=logger, log_every_n_steps=1, enable_checkpointing=False,
             enable_progress_bar=False, enable_model_summary=False, callbacks=[*hybrid, clock],
-            strategy=HybridPredictStrategy() if hybrid else "auto",
+            strategy=HybridPredictStrategy() if per_step else "auto",
         )  # fmt: skip
         trainer.fit(TinyMLP(options.get("fused", False)), DataLoader(data, batch_size=8))
     return clock.steps_us(), hybrid[0].config if hybrid else None
@@ -152,10 +161,11 @@ def _spread(values: list[float], each: str = "rounds") -> dict[str, Any]:
 
 class OwnTime:
     """The plugin's own time: while it is on, each moment goes to the innermost bracketed function running, either
-    one of the plugin's entry points (the scheduler's hooks, the strategy's three overrides, the engine's guard
-    inside the optimizer's closure) or one of Lightning's methods the plugin calls back into (the parent strategy's
-    step methods, Lightning's closure), and the moments in the plugin's are summed. Unlike a difference of two runs
-    it does not move with the machine's load; it leaves out Lightning's dispatch of the plugin's hooks (a few µs)."""
+    one of the plugin's entry points (the scheduler's hooks, its optimizer step hooks and the closure they wrap, a
+    hybrid strategy's three overrides) or one of Lightning's methods the plugin calls back into (the parent
+    strategy's step methods, Lightning's closure), and the moments in the plugin's are summed. Unlike a difference of
+    two runs it does not move with the machine's load; it leaves out Lightning's dispatch of the plugin's hooks (a
+    few µs)."""
 
     def __init__(
         self, plugin: dict[type, tuple[str, ...]] | None = None, lightning: dict[type, tuple[str, ...]] | None = None

@@ -1,38 +1,30 @@
-"""Hybrid predictive training with FSDP2 (``torch.distributed.fsdp.fully_shard``) through Lightning's
-:class:`~lightning.pytorch.strategies.ModelParallelStrategy`.
+"""FSDP2 (``torch.distributed.fsdp.fully_shard``) for an unchanged LightningModule through Lightning's
+:class:`~lightning.pytorch.strategies.ModelParallelStrategy`, and its hybrid strategy for the per-step mode.
 
-Every rank keeps, predicts and rolls back only its own shards: the hybrid callbacks work on the local tensors of
-the sharded parameters, and every statistic a phase decision reads (losses, gradient and update norms) is reduced
-over the ranks first, so the ranks always take the same decisions. The hybrid callbacks' state is shard-local,
-so each rank writes its own copy next to the sharded checkpoint and reads it back on resume.
+Under any FSDP2 strategy every rank keeps, predicts and rolls back only its own shards, and every statistic a phase
+decision reads is reduced over the ranks first, so the ranks always take the same decisions (the scheduler's
+:mod:`~lightning_hybrid.callbacks.ranks`); the plugin's state, per shard, is saved per rank inside the sharded
+checkpoint (:mod:`~lightning_hybrid.callbacks.sharded_state`).
 """
 
 from __future__ import annotations
 
-import pickle
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
 from lightning.fabric.utilities.init import _materialize_distributed_module
 from lightning.fabric.utilities.optimizer import _optimizers_to_device
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.strategies.strategy import _ForwardRedirection
 from lightning.pytorch.trainer.states import TrainerFn
-from torch import Tensor
 from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.distributed.tensor import DTensor
 from torch.nn import Module
 from typing_extensions import override
 
 from lightning_hybrid.samplers import one_permutation
-from lightning_hybrid.strategy import HybridStrategyMixin, StepRouting
+from lightning_hybrid.step_routing import StepRouting
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
-
-CALLBACK_STATE_FILE = "hybrid_callbacks_rank{rank}.pt"
-
 
 class FullyShardedStrategy(ModelParallelStrategy):
     """FSDP2 for an unchanged LightningModule (``strategy="plain_fsdp"``): the plain-Lightning parent of
@@ -151,64 +143,11 @@ class _CallRoot(_ForwardRedirection):
         original_module.__dict__.pop("forward", None)
 
 
-class ShardedRouting(StepRouting):
-    """The plugin's step routing on a strategy whose parameters are FSDP2 shards (``DTensor``): the engine works on
-    each rank's local shards, sums their statistics over the ranks, and the callbacks' state (per shard) is saved per
-    rank beside the sharded checkpoint."""
-
-    sharded = True
-
-    # ---------------------------------------------------------------------- shard-aware hooks of the scheduler
-    @override
-    def local_tensor(self, tensor: Tensor) -> Tensor:
-        return tensor.to_local() if isinstance(tensor, DTensor) else tensor
-
-    @override
-    def sum_across_ranks(self, tensor: Tensor) -> Tensor:
-        return self.reduce(tensor.clone(), reduce_op="sum")
-
-    @override
-    def parameters_changed(self) -> None:
-        """Drop gathered copies of the parameters: after a forward without backward (a Predict step's check) FSDP
-        keeps the root's gathered parameters, and the next forward would run on them, not on the updated shards."""
-        assert self.model is not None
-        for module in self.model.modules():
-            if isinstance(module, FSDPModule):
-                module.reshard()
-
-    # ------------------------------------------------------------------------- per-rank state of the callbacks
-    @override
-    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
-        callbacks = checkpoint.get("callbacks", {})
-        super().save_checkpoint(checkpoint, filepath, storage_options)
-        path = Path(self.broadcast(filepath))
-        torch.save(callbacks, path / CALLBACK_STATE_FILE.format(rank=self.global_rank))
-        self.barrier()
-
-    @override
-    def load_checkpoint(self, checkpoint_path: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        checkpoint = super().load_checkpoint(checkpoint_path, *args, **kwargs)
-        own = Path(self.broadcast(checkpoint_path)) / CALLBACK_STATE_FILE.format(rank=self.global_rank)
-        if not own.is_file():
-            raise RuntimeError(
-                f"Cannot resume the hybrid callbacks of rank {self.global_rank} from {checkpoint_path}: it has no "
-                f"{own.name}. Their state is per shard, so resume with the world size the checkpoint was saved with."
-            )
-        try:  # tensors, numbers, strings and containers only: a tampered file's pickled objects are never run
-            checkpoint["callbacks"] = torch.load(own, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError as err:
-            raise RuntimeError(
-                f"Refusing to load {own}: it holds objects other than tensors and plain data, which hybrid callback "
-                f"state never contains; the checkpoint folder may have been tampered with ({str(err).splitlines()[0]})"
-            ) from err
-        return checkpoint
-
-
-class HybridFSDPStrategy(ShardedRouting, HybridStrategyMixin, FullyShardedStrategy):
+class HybridFSDPStrategy(StepRouting, FullyShardedStrategy):
     """Hybrid predictive training with fully sharded data parallelism (``strategy="hybrid_fsdp"``).
 
     Shards like :class:`FullyShardedStrategy` (same arguments); every rank predicts, checks and rolls back only
-    its own shards, and the hybrid callbacks' state is saved per rank beside the sharded checkpoint.
+    its own shards.
     """
 
     strategy_name = "hybrid_fsdp"

@@ -5,13 +5,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from lightning_hybrid.lightning_packages import CALLBACK_BASES
 
-class RunMeter(Callback):
+
+class RunMeter(*CALLBACK_BASES):
     """Counts backward passes (``on_before_backward``, which plain and hybrid training both call once per backward)
     and measures training time with validation excluded, as wall time and as this process's CPU time (all
     threads), which other load on a shared machine distorts far less. Keeps each validation inside ``fit`` as
@@ -51,21 +51,21 @@ class RunMeter(Callback):
         )
 
     @override
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self._start()
 
     @override
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self._stop()
 
     @override
-    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         if self._running:  # validation inside fit: pause the training clock
             self._stop()
             self._paused, self._val0 = True, time.perf_counter()
 
     @override
-    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         if self._paused:
             self.val_seconds += time.perf_counter() - self._val0
             value = trainer.callback_metrics.get(self.monitor)
@@ -80,7 +80,7 @@ class RunMeter(Callback):
         return next(((step, wall, cpu) for step, wall, cpu, value in self.validations if value <= target), None)
 
     @override
-    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: torch.Tensor) -> None:
         self.backward_passes += 1
 
     @override

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
-from lightning.pytorch.utilities.data import _update_dataloader
 from torch.utils.data import DataLoader
+
+from lightning_hybrid.lightning_packages import classes, module
 
 
 def _shuffled_by_torchdata(sampler: Any) -> bool:
@@ -31,7 +31,8 @@ def one_permutation(loader: object) -> object:
         return loader
     # Lightning rebuilds a loader whose batch sampler is not torch's own (torchdata's is a subclass) around it
     samplers = (loader.sampler, getattr(loader.batch_sampler, "sampler", None))
-    wrapper = next((s for s in samplers if type(s) is DistributedSamplerWrapper), None)
+    wrappers = classes("fabric.utilities.distributed", "DistributedSamplerWrapper")
+    wrapper = next((s for s in samplers if type(s) in wrappers), None)
     if wrapper is None or not _shuffled_by_torchdata(wrapper.dataset._sampler):
         return loader
     from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
@@ -44,4 +45,4 @@ def one_permutation(loader: object) -> object:
         seed=wrapper.seed,
         drop_last=wrapper.drop_last,
     )
-    return _update_dataloader(loader, sampler)
+    return module("pytorch.utilities.data")._update_dataloader(loader, sampler)

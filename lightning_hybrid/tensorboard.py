@@ -6,9 +6,9 @@ predicted loss and both band edges. A margin chart's tags are exact names."""
 
 from __future__ import annotations
 
-import lightning.pytorch as pl
-from lightning.pytorch.loggers import TensorBoardLogger
+from typing import Any
 
+from lightning_hybrid.lightning_packages import classes
 from lightning_hybrid.phase import Phase
 
 
@@ -62,10 +62,10 @@ LAYOUTS = {
 }
 
 
-def write_layout(trainer: pl.Trainer, mode: str) -> None:
+def write_layout(trainer: Any, mode: str) -> None:
     """Add ``mode``'s layout to every TensorBoard logger of ``trainer`` (on global rank 0, where they write)."""
     if trainer.global_rank != 0 or mode not in LAYOUTS:
         return
     for logger in trainer.loggers:
-        if isinstance(logger, TensorBoardLogger):
+        if isinstance(logger, classes("pytorch.loggers", "TensorBoardLogger")):
             logger.experiment.add_custom_scalars(LAYOUTS[mode])

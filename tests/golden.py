@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from lightning_hybrid import hybrid_callbacks
+from lightning_hybrid import HybridScheduler, hybrid_callbacks
 from tests.helpers import (
     DISTRIBUTED,
     SAME_RUN,
@@ -191,6 +191,18 @@ FIXTURES: dict[str, tuple[Callable[[], list], dict[str, Any], dict[str, Any]]] =
         {},
     ),
     "state_v2_linear_mid_segment.ckpt": (lambda: resume_callbacks("linear"), {}, {}),
+    # state version 3, the last whose scheduler placed its components among the Trainer's callbacks (each
+    # checkpointed on its own): the scheduler alone beside Lightning's strategy, the default rule and gpa
+    "state_v3_alone_outer_pending.ckpt": (
+        lambda: [HybridScheduler(**DEFAULT_RULE, verify_resolution=0)],
+        {"lr": 1e-2},
+        {"strategy": "auto"},
+    ),
+    "state_v3_alone_gpa.ckpt": (
+        lambda: [HybridScheduler(predictor="gpa", warmup_steps=4, full_steps=6)],
+        {"lr": 1e-2},
+        {"strategy": "auto"},
+    ),
 }
 
 

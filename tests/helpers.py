@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import pytorch_lightning
 import torch
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_only
@@ -58,8 +59,9 @@ def loader(n: int = 256, batch_size: int = 32, seed: int = 1) -> DataLoader:
     return DataLoader(regression_data(n, seed), batch_size=batch_size, shuffle=False)
 
 
-class RegressionModel(L.LightningModule):
-    """A small MLP that counts its forward passes and backward passes."""
+class _Regression:
+    """A small MLP that counts its forward passes and backward passes: the body of :class:`RegressionModel`, a
+    ``LightningModule`` of either Lightning package."""
 
     def __init__(
         self,
@@ -122,6 +124,14 @@ class RegressionModel(L.LightningModule):
             return opt
         sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.99)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+class RegressionModel(_Regression, L.LightningModule):
+    """A small MLP that counts its forward passes and backward passes."""
+
+
+class StandaloneRegression(_Regression, pytorch_lightning.LightningModule):
+    """:class:`RegressionModel` written on the standalone ``pytorch_lightning`` package."""
 
 
 class NanAt(RegressionModel):
@@ -349,19 +359,19 @@ def report_of(engine: HybridEngine) -> str:
 
 def bare_step(engine: HybridEngine, optimizer: torch.optim.Optimizer, loss_fn: Any, step: int) -> torch.Tensor:
     """One step of a plain torch loop, routed through the engine as a hybrid strategy routes Lightning's: the
-    closure's backward through ``engine.backward``, the update through ``engine.optimizer_step``. Returns the
-    closure's loss (computed without a backward pass on a predicted step)."""
+    closure's backward through ``engine.route.backward``, the update through ``engine.route.optimizer_step``.
+    Returns the closure's loss (computed without a backward pass on a predicted step)."""
     engine.begin_step()
     losses = []
 
     def closure() -> torch.Tensor:
         loss = loss_fn()
         losses.append(loss.detach())
-        engine.backward(loss, loss.backward)
+        engine.route.backward(loss, loss.backward)
         return loss
 
     optimizer.zero_grad()
-    engine.optimizer_step(optimizer, closure, optimizer.step)
+    engine.route.optimizer_step(optimizer, closure, optimizer.step)
     engine.end_step(step)
     return losses[0]
 
@@ -562,6 +572,14 @@ def by_step(folder: Path) -> list[Path]:
 def saved_checkpoints(out_dir: Path) -> list[Path]:
     """A `save` scenario's checkpoints, by step."""
     return by_step(out_dir / "ckpt")
+
+
+def per_rank_entries(folder: Path) -> list[str]:
+    """The plugin's per-rank entries in a distributed checkpoint (``lightning_hybrid.callbacks.sharded_state``)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    entries = FileSystemReader(folder).read_metadata().state_dict_metadata
+    return sorted(key for key in entries if "lightning_hybrid" in key)
 
 
 def plugin_state(checkpoint: dict[str, Any]) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """Two CPU ranks that Lightning launches itself, as a user's script is launched: ``ddp`` (Lightning starts the second
 rank as a process running this script again) or ``ddp_spawn`` (it spawns both, pickling the Trainer, its module and
-its callbacks into them), with the plugin as one callback beside Lightning's own strategy.
+its callbacks into them), with the plugin as one callback beside Lightning's own strategy, in a Trainer of
+``lightning`` or of the standalone ``pytorch_lightning``.
 
-    python -m tests.launched_ranks ddp|ddp_spawn <out>
+    python -m tests.launched_ranks ddp|ddp_spawn lightning|pytorch_lightning <out>
 
 Fits 48 steps, saving a checkpoint every 16 (an epoch's end); then a second Trainer resumes from step 32 to the
 same end. Each rank writes its weights and the plugin's summary after each fit, to ``<out>/<fit>-rank<R>.pt``.
@@ -12,44 +13,59 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import lightning as L
+import pytorch_lightning
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_hybrid import HybridScheduler
 from lightning_hybrid.callbacks import find_scheduler
-from tests.helpers import DEFAULT_JUMPING, RULE_PHASES, RegressionModel, flat_params, loader
+from tests.helpers import DEFAULT_JUMPING, RULE_PHASES, RegressionModel, StandaloneRegression, flat_params, loader
 
 STEPS, EVERY = 48, 16
 
 
-class KeepWeights(L.Callback):
-    """Writes this rank's weights, the plugin's summary and the strategy's class as the fit is torn down (after the
-    plugin's callback, listed before it, gave the strategy its own class back)."""
+class _KeepWeights:
+    """Writes this rank's weights, the plugin's summary and the strategy's class as the fit is torn down."""
 
     def __init__(self, path: str) -> None:
         self.path = path
 
-    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         saved = {"params": flat_params(pl_module), "summary": find_scheduler(trainer).summary()}
         torch.save(saved | {"strategy": type(trainer.strategy).__name__}, f"{self.path}-rank{trainer.global_rank}.pt")
 
 
-def fit(launcher: str, out: Path, name: str, ckpt_path: str | None = None) -> None:
+class KeepWeights(_KeepWeights, L.Callback):
+    pass
+
+
+class StandaloneKeepWeights(_KeepWeights, pytorch_lightning.Callback):
+    pass
+
+
+# each package: its module, and the callback that keeps the weights (spawned ranks unpickle both by name)
+PACKAGES = {"lightning": (L.pytorch, RegressionModel, KeepWeights)}
+PACKAGES["pytorch_lightning"] = (pytorch_lightning, StandaloneRegression, StandaloneKeepWeights)
+
+
+def fit(launcher: str, package_name: str, out: Path, name: str, ckpt_path: str | None = None) -> None:
+    package, module, keep = PACKAGES[package_name]
     saving = ckpt_path is None
-    callbacks = [HybridScheduler(**RULE_PHASES, **DEFAULT_JUMPING), KeepWeights(str(out / name))]
+    callbacks = [HybridScheduler(**RULE_PHASES, **DEFAULT_JUMPING), keep(str(out / name))]
     if saving:
-        callbacks.append(ModelCheckpoint(out / "ckpt", every_n_train_steps=EVERY, save_top_k=-1, filename="{step}"))
-    trainer = two_ranks(launcher, STEPS, callbacks, saving, out)
-    trainer.fit(RegressionModel(scheduler=True), loader(512, batch_size=16), ckpt_path=ckpt_path)
+        every = dict(every_n_train_steps=EVERY, save_top_k=-1, filename="{step}")
+        callbacks.append(package.callbacks.ModelCheckpoint(out / "ckpt", **every))
+    trainer = two_ranks(package, launcher, STEPS, callbacks, saving, out)
+    trainer.fit(module(scheduler=True), loader(512, batch_size=16), ckpt_path=ckpt_path)
 
 
-def two_ranks(strategy: Any, steps: int, callbacks: list[L.Callback], saving: bool, out: Path) -> L.Trainer:
-    """A Trainer on two CPU ranks under ``strategy``, quiet (no logger, bar or summary), checkpointing if
-    ``saving``."""
-    return L.Trainer(
+def two_ranks(package: ModuleType, strategy: Any, steps: int, callbacks: list, saving: bool, out: Path) -> Any:
+    """A Trainer of ``package`` on two CPU ranks under ``strategy``, quiet (no logger, bar or summary),
+    checkpointing if ``saving``."""
+    return package.Trainer(
         strategy=strategy,
         accelerator="cpu",
         devices=2,
@@ -64,10 +80,10 @@ def two_ranks(strategy: Any, steps: int, callbacks: list[L.Callback], saving: bo
     )
 
 
-def main(launcher: str, out: Path) -> None:
-    fit(launcher, out, "full")
-    fit(launcher, out, "resumed", ckpt_path=str(out / "ckpt" / f"step={2 * EVERY}.ckpt"))
+def main(launcher: str, package: str, out: Path) -> None:
+    fit(launcher, package, out, "full")
+    fit(launcher, package, out, "resumed", ckpt_path=str(out / "ckpt" / f"step={2 * EVERY}.ckpt"))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], Path(sys.argv[2]))
+    main(sys.argv[1], sys.argv[2], Path(sys.argv[3]))

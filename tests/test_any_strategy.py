@@ -34,8 +34,8 @@ from lightning_hybrid import (
     ResidualCorrector,
     hybrid_callbacks,
 )
-from lightning_hybrid.adopted import adopt
 from lightning_hybrid.callbacks import HybridProgressBar, VRAMLogger
+from lightning_hybrid.callbacks.wiring import check_strategy
 from lightning_hybrid.phase import Phase
 from tests.faults.common import FaultyModel, FiniteWatch
 from tests.helpers import (
@@ -117,7 +117,7 @@ def test_the_scheduler_alone_is_the_whole_plugin_in_any_mode():
     reference_trainer, _ = hybrid_trainer(60, hybrid=hybrid_callbacks(**settings), logger=False)
     reference = RegressionModel()
     reference_trainer.fit(reference, loader())
-    assert [type(c) for c in trainer.callbacks[:5]] == [HybridScheduler, *kinds]  # placed right after it
+    assert trainer.callbacks[0] is alone and not any(type(c) in kinds for c in trainer.callbacks)  # held, not placed
     assert alone.monitor.divergence.z_threshold == 2.5 and alone.components[2].correction.max_residuals == 7
     assert torch.equal(flat_params(model), flat_params(reference))
     assert alone.summary()["steps_by_phase"]["predict"] > 0
@@ -132,13 +132,13 @@ def test_what_one_callback_cannot_serve_is_refused_by_name_before_training():
         trainer.fit(RegressionModel(), loader())
     assert trainer.global_step == 0 and type(trainer.strategy) is SingleDeviceStrategy
     with pytest.raises(MisconfigurationException, match=r"beside DeepSpeedStrategy: DeepSpeed's engine owns"):
-        adopt(DeepSpeedStrategy.__new__(DeepSpeedStrategy))  # refused before it is touched (DeepSpeed not needed)
+        check_strategy(DeepSpeedStrategy.__new__(DeepSpeedStrategy), None)  # DeepSpeed itself not needed
     with pytest.raises(MisconfigurationException, match=r"beside FSDPStrategy: .* rank 0's callbacks only"):
-        adopt(FSDPStrategy())
+        check_strategy(FSDPStrategy(), None)
     whole = ModelParallelStrategy(save_distributed_checkpoint=False)
     with pytest.raises(MisconfigurationException, match=r"ModelParallelStrategy\(save_distributed_checkpoint=False\)"):
-        adopt(whole)
-    assert type(whole) is ModelParallelStrategy  # refused before it is touched
+        check_strategy(whole, None)
+    assert check_strategy(ModelParallelStrategy(), None) and not check_strategy(DDPStrategy(), None)  # sharded?
     trainer = _users_trainer([HybridScheduler(z_threshold=2.0), DivergenceMonitor()])
     with pytest.raises(MisconfigurationException, match=r"given \['z_threshold'\].*also lists a DivergenceMonitor"):
         trainer.fit(RegressionModel(), loader())
@@ -195,13 +195,14 @@ def test_every_callback_and_strategy_pickles_and_deep_copies_before_and_after_a_
 
 @pytest.mark.slow
 def test_lightnings_own_launchers_run_the_callback_alone_on_two_ranks_and_resume_bitwise(tmp_path):
-    """``strategy="ddp"`` (Lightning starts the second rank as a process of the script) and ``"ddp_spawn"`` (it
-    spawns both, pickling the callback in), each with ``Trainer(callbacks=[HybridScheduler()])``: the ranks train
-    and jump, end with bitwise equal weights, and a resume from step 32 ends bitwise as the uninterrupted run."""
+    """``strategy="ddp"`` in a ``lightning`` Trainer (Lightning starts the second rank as a process of the script)
+    and ``"ddp_spawn"`` in a Trainer of the standalone ``pytorch_lightning`` (it spawns both, pickling the callback
+    in), each with ``Trainer(callbacks=[HybridScheduler()])``: the ranks train and jump, end with bitwise equal
+    weights, and a resume from step 32 ends bitwise as the uninterrupted run; the strategy is Lightning's own."""
     procs = {}
-    for launcher in ("ddp", "ddp_spawn"):
+    for launcher, package in (("ddp", "lightning"), ("ddp_spawn", "pytorch_lightning")):
         env = script_env(MASTER_PORT=str(free_port()))
-        cmd = [sys.executable, "-m", "tests.launched_ranks", launcher, str(tmp_path / launcher)]
+        cmd = [sys.executable, "-m", "tests.launched_ranks", launcher, package, str(tmp_path / launcher)]
         procs[launcher] = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     for launcher, proc in procs.items():
         out, _ = proc.communicate(timeout=900)
@@ -209,7 +210,7 @@ def test_lightnings_own_launchers_run_the_callback_alone_on_two_ranks_and_resume
         load = {f: [torch.load(tmp_path / launcher / f"{f}-rank{r}.pt") for r in (0, 1)] for f in ("full", "resumed")}
         full, resumed = load["full"], load["resumed"]
         assert torch.equal(full[0]["params"], full[1]["params"]), launcher
-        assert all(run["strategy"] == DDPStrategy.__name__ for run in full + resumed), launcher  # given back
+        assert all(run["strategy"] == DDPStrategy.__name__ for run in full + resumed), launcher
         assert full[0]["summary"]["jumps_made"] >= 1 and full[0]["summary"]["backward_passes"] == 48
         for before, after in zip(full, resumed, strict=True):
             assert torch.equal(after["params"], before["params"]), launcher

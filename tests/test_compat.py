@@ -7,8 +7,9 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from lightning_hybrid import DivergenceMonitor, HybridPredictStrategy, Phase, hybrid_callbacks
-from tests.helpers import FAST, RegressionModel, StepRecorder, flat_params, hybrid_trainer, loader, phases
+from lightning_hybrid import DivergenceMonitor, HybridPredictStrategy, HybridScheduler, Phase, hybrid_callbacks
+from lightning_hybrid.callbacks import HybridComponent
+from tests.helpers import FAST, RegressionModel, StepRecorder, flat_params, hybrid_trainer, loader, phases, scheduler_of
 
 
 def _backward_per_phase(recorder, logger):
@@ -101,14 +102,21 @@ def test_strategy_without_callbacks_fails_at_fit_with_the_fix():
         trainer.fit(RegressionModel(), loader())
 
 
-def test_a_missing_component_is_built_with_its_defaults_and_checkpointed():
+def test_a_component_not_listed_is_the_schedulers_own_and_rides_in_its_state():
+    """A component of a kind the user did not list is the scheduler's own: used, not added to the Trainer's
+    callbacks, and checkpointed inside the scheduler's state; the listed ones stay callbacks of their own."""
     callbacks = [cb for cb in hybrid_callbacks(**FAST) if not isinstance(cb, DivergenceMonitor)]
+    listed = list(callbacks)
     trainer = _plain_trainer(max_steps=30, strategy=HybridPredictStrategy(), callbacks=callbacks)
     trainer.fit(RegressionModel(), loader())
-    monitors = [cb for cb in trainer.callbacks if isinstance(cb, DivergenceMonitor)]
-    assert len(monitors) == 1 and monitors[0].divergence.z_threshold == DivergenceMonitor().divergence.z_threshold
-    assert monitors[0].divergence.loss_stats.count > 0  # it watched the run
-    assert any("DivergenceMonitor" in key for key in trainer._checkpoint_connector.dump_checkpoint()["callbacks"])
+    assert [cb for cb in trainer.callbacks if isinstance(cb, HybridComponent)] == listed  # nothing placed
+    scheduler = scheduler_of(trainer)
+    assert scheduler.monitor is next(c for c in scheduler.components if isinstance(c, DivergenceMonitor))
+    assert scheduler.monitor.divergence.loss_stats.count > 0  # it watched the run
+    states = trainer._checkpoint_connector.dump_checkpoint()["callbacks"]
+    assert not any("DivergenceMonitor" in key for key in states)
+    assert set(states["HybridScheduler"]["components"]) == {"DivergenceMonitor"}
+    assert "DynamicsPredictor" in states  # listed: Lightning holds its state
 
 
 def test_two_components_of_a_kind_are_refused_before_training():
@@ -146,11 +154,15 @@ def test_several_optimizers_are_refused_by_the_per_step_mode():
 
 
 class _ScaledGradients(Callback):
-    """A user's hook that changes the gradients between the backward pass and clipping."""
+    """A user's hook that changes the gradients between the backward pass and clipping: in place, or through
+    ``.data``, which no version counter sees (common in older code)."""
+
+    def __init__(self, how: str) -> None:
+        self.how = how
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         for p in pl_module.parameters():
-            p.grad.mul_(1.5)
+            (p.grad.data if self.how == "data" else p.grad).mul_(10.0)
 
 
 class _GradientNorms(TorchDispatchMode):
@@ -165,28 +177,43 @@ class _GradientNorms(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("hook", [False, True], ids=["as_is", "changed_by_a_hook"])
-def test_clipping_by_norm_takes_the_guards_norm_and_trains_as_plain_lightning(hook):
-    """Prediction off, the plugin trains as plain Lightning bitwise, clipping by norm included, and measures the
-    gradients' norms once a step, as plain's clipping does: clipping takes the norm the guard took. Where a hook
-    changed the gradients in between, clipping measures them again."""
+class _NormsStepped(Callback):
+    """The gradients' norm each update was made with, read by a step hook of the optimizer's after it stepped."""
+
+    def __init__(self) -> None:
+        self.norms: list[float] = []
+
+    def on_train_start(self, trainer, pl_module):
+        for optimizer in trainer.optimizers:
+            optimizer.register_step_post_hook(self._read)
+
+    def _read(self, optimizer, args, kwargs):
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        self.norms.append(float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))))
+
+
+@pytest.mark.parametrize("how", ["none", "in_place", "data"])
+def test_clipping_by_norm_clips_right_and_trains_as_plain_lightning_whatever_a_hook_did(how):
+    """Prediction off, the plugin beside Lightning's own strategy trains as plain Lightning bitwise, clipping by norm
+    included, whatever a user's hook did to the gradients after the guard read them (in place, or through
+    ``.data``): Lightning's clipping measures them itself, so every update is made with a gradient norm of at most
+    the clip value. A step reads its gradients twice: the guard's reading, and clipping's."""
 
     def fit(hybrid):
-        extra, clip = [_ScaledGradients()] if hook else [], {"gradient_clip_val": 0.01}
-        if hybrid:
-            trainer, _ = hybrid_trainer(24, hybrid=hybrid_callbacks(enable_prediction=False), extra_callbacks=extra,
-                                        logger=False, **clip)  # fmt: skip
-        else:
-            trainer = L.Trainer(max_steps=24, accelerator="cpu", callbacks=extra, logger=False,
-                                enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
-                                **clip)  # fmt: skip
+        norms = _NormsStepped()
+        extra = [_ScaledGradients(how)] if how != "none" else []
+        plugin = [HybridScheduler(enable_prediction=False)] if hybrid else []
+        trainer = L.Trainer(max_steps=24, accelerator="cpu", callbacks=[*plugin, *extra, norms], logger=False,
+                            enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
+                            gradient_clip_val=0.05)  # fmt: skip
         torch.manual_seed(0)
         model = RegressionModel()
-        with _GradientNorms() as norms:
+        with _GradientNorms() as counted:
             trainer.fit(model, loader())
-        return flat_params(model), norms.passes
+        return flat_params(model), counted.passes, norms.norms
 
-    plain, plain_passes = fit(hybrid=False)
-    hybrid, passes = fit(hybrid=True)
-    assert torch.equal(hybrid, plain) and plain_passes == 24
-    assert passes == 24 * (2 if hook else 1)
+    plain, plain_passes, plain_norms = fit(hybrid=False)
+    hybrid, passes, norms = fit(hybrid=True)
+    assert torch.equal(hybrid, plain) and norms == plain_norms
+    assert len(norms) == 24 and max(norms) <= 0.05 * (1 + 1e-5)
+    assert plain_passes == 24 and passes == 48

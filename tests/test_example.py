@@ -121,4 +121,4 @@ def test_the_muon_example_trains_two_optimizers_as_one_trajectory(tmp_path, capf
     assert summary["steps_total"] == 4 and summary["mode"] == "jumps" and "stepped_aside" not in summary
     out = capfd.readouterr()
     assert "trained 4 batches (8 optimizer steps)" in out.out  # --max-steps counts batches, and says so
-    assert "phase=" in out.out + out.err and "Epoch 0/-2" not in out.out + out.err  # the hybrid bar, not Rich
+    assert "it/s]" in out.out + out.err and "Epoch 0/-2" not in out.out + out.err  # the hybrid bar (TQDM), not Rich

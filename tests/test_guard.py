@@ -45,22 +45,28 @@ class _Scaler:
         return torch.full((1,), 4.0)
 
 
-def test_under_a_gradient_scaler_the_norm_is_unscaled_and_a_skip_makes_gradients_nan():
-    model, optimizer, loss = _model_with_grads()
-    guard = StepGuard(LocalCollectives(), _Scaler())
+@pytest.mark.parametrize("scaled", [True, False], ids=["a-fused-step-unscales", "lightning-unscaled"])
+def test_under_a_gradient_scaler_the_loss_is_unscaled_and_so_are_gradients_still_scaled(scaled):
+    """The loss reaches the guard as the scaler scaled it for the backward pass; the gradients are still scaled
+    only where the optimizer unscales them in its own step (a fused one), else Lightning unscaled them already."""
+    model, _, loss = _model_with_grads()
+    guard = StepGuard(LocalCollectives(), _Scaler(), grads_scaled=scaled)
+    assert torch.equal(guard.unscaled(loss * 4.0), loss)  # a power of two: exactly undone
     reading = guard.read(list(model.parameters()), loss)
-    assert reading.grad_norm == pytest.approx(_grad_norm(model) / 4.0, rel=1e-6)
-    guard.skip(optimizer, reading.grads)
-    assert all(torch.isnan(p.grad).all() for p in model.parameters())  # the scaler skips such a step
+    assert reading.grad_norm == pytest.approx(_grad_norm(model) / (4.0 if scaled else 1.0), rel=1e-6)
 
 
 def _check(loss_scale: float, judge=lambda loss: False, primed: bool = False):
+    """A step guarded, and its update dropped where the guard skipped it (as the engine does after clipping)."""
     model, optimizer, loss = _model_with_grads(loss_scale)
     monitor = DivergenceCheck(grad_outlier_factor=10.0)
     for _ in range(10 if primed else 0):
         monitor.observe(1.0, 1e-6)  # a tiny typical gradient norm: any real one is an outlier
-    step, counters = StepRecord(phase=Phase.FULL, loss_sum=loss), RunCounters()
-    StepGuard(LocalCollectives()).check(step, optimizer, list(model.parameters()), monitor, judge, counters)
+    step, counters, guard = StepRecord(phase=Phase.FULL, loss_sum=loss), RunCounters(), StepGuard(LocalCollectives())
+    guard.check(step, optimizer, list(model.parameters()), monitor, judge, counters)
+    assert all(p.grad is not None for p in model.parameters())  # read, not yet dropped: clipping runs in between
+    if step.skipped:
+        guard.skip(optimizer)
     return model, step, counters
 
 

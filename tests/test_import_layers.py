@@ -32,10 +32,11 @@ LAYERS = [
             "algorithms",
             "tensorboard",
             "outputs",
+            "lightning_packages",
         ),
     ),
     ("engine", ("engine",)),
-    ("strategy", ("samplers", "strategy", "fsdp", "adopted", "registry")),
+    ("strategy", ("samplers", "step_routing", "strategy", "fsdp", "registry")),
     ("callbacks", ("callbacks", "meter")),
     ("app", ("schema", "overrides", "comparison", "runner", "resume", "train", "demos", "__init__")),
 ]

@@ -110,7 +110,7 @@ def test_one_class_path_is_the_plugin_in_any_mode(tmp_path):
         .replace("trainer:\n", "trainer:\n  strategy: hybrid\n")
     )
     trainer = _fit(tmp_path / "linear", per_step, 12).trainer
-    assert isinstance(trainer.strategy, HybridPredictStrategy) and any(
-        isinstance(cb, HorizonBandit) for cb in trainer.callbacks
-    )
+    assert isinstance(trainer.strategy, HybridPredictStrategy)
+    assert isinstance(scheduler_of(trainer).bandit, HorizonBandit)  # held by the scheduler, not among the callbacks
+    assert not any(isinstance(cb, HorizonBandit) for cb in trainer.callbacks)
     assert scheduler_of(trainer).summary()["predictor"] == "linear"

@@ -137,13 +137,13 @@ def test_beside_the_users_strategy_a_shuffled_stateful_loader_on_several_ranks_i
 
     from lightning.pytorch.strategies import DDPStrategy
 
-    from lightning_hybrid.adopted import what_it_goes_without
+    from lightning_hybrid.callbacks.wiring import what_it_goes_without
 
     data = torch.arange(64)
     wrapped = StatefulDataLoader(data, batch_size=4, sampler=DistributedSamplerWrapper(RandomSampler(data), 2, 0))
-    trainer = SimpleNamespace(world_size=2, train_dataloader=wrapped)
-    said = what_it_goes_without(trainer, DDPStrategy)
+    trainer = SimpleNamespace(world_size=2, train_dataloader=wrapped, strategy=DDPStrategy())
+    said = what_it_goes_without(trainer)
     assert said.startswith("hybrid: beside DDPStrategy, the shuffled StatefulDataLoader") and "'hybrid_ddp'" in said
-    assert what_it_goes_without(SimpleNamespace(world_size=1, train_dataloader=wrapped), DDPStrategy) is None
+    assert what_it_goes_without(SimpleNamespace(world_size=1, train_dataloader=wrapped, strategy=DDPStrategy())) is None
     plain = StatefulDataLoader(data, batch_size=4)
-    assert what_it_goes_without(SimpleNamespace(world_size=2, train_dataloader=plain), DDPStrategy) is None
+    assert what_it_goes_without(SimpleNamespace(world_size=2, train_dataloader=plain, strategy=DDPStrategy())) is None

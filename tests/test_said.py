@@ -203,27 +203,34 @@ def test_a_plain_checkpoint_resumed_under_the_plugin_counts_its_warm_up_from_the
     assert summary["steps_by_phase"]["warmup"] == 4 and summary["jumps_made"] >= 1
 
 
-def test_the_bar_shows_each_steps_counts_however_the_callbacks_are_ordered():
-    """The app lists its progress bar before the hybrid callbacks, so the bar ends each batch first: it shows that
-    step's share skipped, not the step before's (a bar at 4.8% at the last step once beside a summary's 4.7%)."""
+def test_the_bar_shows_the_share_skipped_as_of_each_decision_however_the_callbacks_are_ordered():
+    """The app lists its progress bar before the hybrid callbacks, so the bar ends each batch first: from the next
+    batch on, it shows the share of backward passes skipped as of the plugin's last decision, and the fit's last
+    rendering shows the last one's."""
     import lightning as L
 
     from lightning_hybrid import HybridPredictStrategy, HybridProgressBar
     from tests.helpers import FAST
 
-    shown, counted = {}, {}
+    shown, decided = {}, {}
 
     class Bar(HybridProgressBar):
         def on_train_batch_end(self, trainer, pl_module, *args):
             super().on_train_batch_end(trainer, pl_module, *args)
-            shown[trainer.global_step] = self.get_metrics(trainer, pl_module)["skipped"]
+            shown[trainer.global_step] = self.get_metrics(trainer, pl_module).get("skipped")
 
     class After(L.Callback):
         def on_train_batch_end(self, trainer, *args):
-            counted[trainer.global_step] = f"{scheduler_of(trainer).counters.backward_skipped_pct:.1f}%"
+            engine = scheduler_of(trainer).engine
+            if engine.decided:
+                decided[trainer.global_step] = round(engine.record.counters.backward_skipped_pct, 1)
 
+    bar = Bar()
     trainer = L.Trainer(max_steps=45, strategy=HybridPredictStrategy(), accelerator="cpu", logger=False,
-                        callbacks=[Bar(), *hybrid_callbacks(**FAST), After()], enable_checkpointing=False,
+                        callbacks=[bar, *hybrid_callbacks(**FAST), After()], enable_checkpointing=False,
                         enable_model_summary=False)  # fmt: skip
     trainer.fit(RegressionModel(), loader())
-    assert scheduler_of(trainer).counters.backward_skipped > 0 and shown == counted
+    assert scheduler_of(trainer).counters.backward_skipped > 0 and len(decided) > 3
+    for step, share in decided.items():  # a decision at a step's end shows from the next step's end
+        assert shown.get(step + 1, share) == pytest.approx(share)  # logged as a float32 tensor
+    assert f"skipped={share}" in str(bar.train_progress_bar.postfix)  # the last decision's, rendered

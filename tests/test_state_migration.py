@@ -51,10 +51,25 @@ def test_the_state_is_written_in_this_layout(tmp_path):
     hybrid, model, trainer = FIXTURES["state_v1_engine_outer_pending.ckpt"]
     checkpointed_run(tmp_path, hybrid(), model=model, trainer=trainer)
     state = plugin_state(torch.load(tmp_path / "ckpt" / "step=30.ckpt", weights_only=False))
-    assert state["version"] == STATE_VERSION == 3
-    assert set(state) == {"version", "machine", "policy", "record", "deferred", "family", "unverified"}
+    assert state["version"] == STATE_VERSION == 4
+    assert set(state) == {"version", "machine", "policy", "record", "deferred", "family", "unverified", "components"}
+    assert state["components"] == {}  # hybrid_callbacks lists every component: Lightning holds their states
     assert state["unverified"]  # a jump awaits its verdict at step 30
     assert state["family"]["name"] == "jumps" and state["family"]["pending"]
+
+
+def test_the_scheduler_alone_holds_its_components_states_in_its_own(tmp_path):
+    """Beside Lightning's strategy the scheduler alone adds nothing to the Trainer's callbacks: the checkpoint holds
+    one plugin state, its components' inside it; a checkpoint of version 3 held them as callbacks of their own, and
+    resumes (``tests/data/state_v3_alone_*``)."""
+    hybrid, model, trainer = FIXTURES["state_v3_alone_outer_pending.ckpt"]
+    checkpointed_run(tmp_path, hybrid(), model=model, trainer=trainer)
+    saved = torch.load(tmp_path / "ckpt" / "step=14.ckpt", weights_only=False)
+    assert [key for key in saved["callbacks"] if not key.startswith("ModelCheckpoint")] == ["HybridScheduler"]
+    assert sorted(plugin_state(saved)["components"]) == ["DivergenceMonitor", "DynamicsPredictor"]
+    old = torch.load(DATA / "state_v3_alone_outer_pending.ckpt", weights_only=False)
+    assert {"DivergenceMonitor", "DynamicsPredictor", "HybridScheduler"} <= set(old["callbacks"])
+    assert plugin_state(old)["version"] == 3 and plugin_state(old)["unverified"]  # a jump awaits its verdict
 
 
 @pytest.mark.parametrize(

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from lightning.pytorch.callbacks import Callback
-
 from lightning_hybrid.callbacks.bandit import HorizonBandit
 from lightning_hybrid.callbacks.base import HybridComponent, find_scheduler
 from lightning_hybrid.callbacks.checkpoint_flag import is_unverified_checkpoint
@@ -22,11 +20,11 @@ from lightning_hybrid.validation import check_optional_bool
 
 def hybrid_callbacks(
     predictor: str | AnyPredictor = "outer", bandit: bool | None = None, **settings: Any
-) -> list[Callback]:
+) -> list[HybridComponent]:
     """The plugin as a list: a :class:`HybridScheduler` built with these arguments, then the components it brings
-    (``scheduler.components``), each listed so that it can be found and read among the Trainer's callbacks. The
-    scheduler alone is the same plugin (it places them at setup); see it for ``predictor``, ``bandit`` and every
-    setting."""
+    (``scheduler.components``), each listed so that it can be found and read among the Trainer's callbacks (and
+    Lightning checkpoints each). The scheduler alone is the same plugin (it holds them); see it for ``predictor``,
+    ``bandit`` and every setting."""
     check_optional_bool("hybrid_callbacks", "bandit", bandit)
     scheduler = HybridScheduler(predictor=predictor, bandit=bandit, **settings)
     return HybridCallbacks([scheduler, *scheduler.components])

@@ -1,15 +1,13 @@
-"""What a ``HybridScheduler`` is built from and where its parts go: its settings routed to the components it brings
-(the predictor's host and the divergence monitor; the per-step mode's residual corrector and horizon bandit), and
-their places among the Trainer's callbacks at setup."""
+"""What a ``HybridScheduler`` is built from: its settings routed to the components it brings (the predictor's host
+and the divergence monitor; the per-step mode's residual corrector and horizon bandit), and at setup the parts a fit
+runs with, each the one the user listed among the Trainer's callbacks or else the scheduler's own."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-import lightning.pytorch as pl
-from lightning.pytorch.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from lightning_utilities.core.rank_zero import rank_zero_warn
 
 from lightning_hybrid.callbacks.bandit import HorizonBandit
 from lightning_hybrid.callbacks.base import HybridComponent
@@ -17,9 +15,17 @@ from lightning_hybrid.callbacks.corrector import ResidualCorrector
 from lightning_hybrid.callbacks.monitor import DivergenceMonitor
 from lightning_hybrid.callbacks.predictor import DynamicsPredictor
 from lightning_hybrid.callbacks.routing import DEFAULT_RULE, ignored_message, route
-from lightning_hybrid.callbacks.wiring import find_component, find_own, used_corrector
+from lightning_hybrid.callbacks.wiring import (
+    check_strategy,
+    find_component,
+    find_own,
+    refuse_untrainable,
+    used_corrector,
+    warn_ignored,
+)
 from lightning_hybrid.config import HybridConfig
-from lightning_hybrid.engine import family_of
+from lightning_hybrid.engine import Components, family_of
+from lightning_hybrid.lightning_packages import MisconfigurationException
 from lightning_hybrid.validation import check_optional_bool
 
 
@@ -61,31 +67,48 @@ def assemble(config: HybridConfig | None, predictor: Any, bandit: bool | None, s
     return Assembly(config, components, given, owners["predictor"], set(routed.unread))
 
 
-def place(trainer: pl.Trainer, scheduler: pl.Callback, components: list[HybridComponent]) -> None:
-    """Place each brought component whose kind no listed callback is, right after the scheduler and in its order, so
-    that Lightning runs its hooks and checkpoints it like any listed callback."""
-    at = trainer.callbacks.index(scheduler) + 1
-    for component in components:
-        if not any(isinstance(cb, type(component)) for cb in trainer.callbacks):
-            trainer.callbacks.insert(at, component)
-        if component in trainer.callbacks:
-            at = trainer.callbacks.index(component) + 1
-
-
-def find_parts(trainer: pl.Trainer, scheduler: Any) -> tuple[DynamicsPredictor, type, Any, DivergenceMonitor, Any]:
-    """The run's components at setup: each the listed one of its kind, or the scheduler's own, placed; and the
-    predictor's family. Returns the host, the family, the residual correction (``None`` where the mode uses none),
-    the monitor and the bandit (``None`` where neither brought nor listed)."""
-    place(trainer, scheduler, scheduler.components)
+def find_parts(trainer: Any, scheduler: Any) -> tuple[DynamicsPredictor, type, Any, DivergenceMonitor, Any]:
+    """The run's components at setup: each the listed one of its kind, or the scheduler's own; and the predictor's
+    family. Returns the host, the family, the residual corrector (``None`` where the mode uses none), the monitor
+    and the bandit (``None`` where neither brought nor listed)."""
     own = {type(c): c for c in scheduler.components}
     given = scheduler.given
-    host = find_own(trainer, scheduler, own[DynamicsPredictor], [*given.get("predictor", []), *given.get("host", [])])
+    host = find_own(trainer, own[DynamicsPredictor], [*given.get("predictor", []), *given.get("host", [])])
     try:
         family = family_of(host.predictor)
     except ValueError as err:  # an unregistered family, refused by name before training
         raise MisconfigurationException(str(err)) from err
-    corrector = used_corrector(trainer, scheduler, family, host.name, own.get(ResidualCorrector))
-    monitor = find_own(trainer, scheduler, own[DivergenceMonitor], given.get("monitor"))
+    corrector = used_corrector(trainer, family, host.name, own.get(ResidualCorrector))
+    monitor = find_own(trainer, own[DivergenceMonitor], given.get("monitor"))
     bandit = own.get(HorizonBandit)  # only where brought or listed
-    bandit = find_own(trainer, scheduler, bandit, given.get("bandit")) if bandit else None
-    return host, family, corrector, monitor, bandit or find_component(trainer, scheduler, HorizonBandit, None)
+    bandit = find_own(trainer, bandit, given.get("bandit")) if bandit else find_component(trainer, HorizonBandit)
+    return host, family, corrector, monitor, bandit
+
+
+@dataclass
+class FitParts:
+    """What one fit runs with, found and checked at setup."""
+
+    host: DynamicsPredictor
+    monitor: DivergenceMonitor
+    bandit: HorizonBandit | None
+    components: Components  # what the engine connects
+    listed: list[HybridComponent]  # the parts the user listed among the callbacks (Lightning holds their states)
+    sharded: bool  # the strategy holds the parameters as FSDP2 shards
+
+
+def fit_parts(trainer: Any, pl_module: Any, scheduler: Any) -> FitParts:
+    """The fit's parts (:func:`find_parts`), and what they cannot run with, refused by name before training: a
+    module with nothing to train, a strategy the plugin cannot serve, a setting the mode's family refuses."""
+    host, family, corrector, monitor, bandit = find_parts(trainer, scheduler)
+    listed = [c for c in (host, corrector, monitor, bandit) if any(c is cb for cb in trainer.callbacks)]
+    refuse_untrainable(pl_module)
+    sharded = check_strategy(trainer.strategy, host.name if family.predicts_steps else None)
+    correction, horizons = corrector and corrector.correction, bandit and bandit.horizons
+    parts = Components(host.predictor, host.encoder, correction, monitor.divergence, horizons)
+    try:
+        family.check(scheduler.config, parts, sharded)
+    except ValueError as err:
+        raise MisconfigurationException(str(err)) from err
+    warn_ignored(family, host.name, scheduler.config, monitor.divergence, scheduler.told_ignored)
+    return FitParts(host, monitor, bandit, parts, listed, sharded)

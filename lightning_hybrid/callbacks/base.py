@@ -7,16 +7,16 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import lightning.pytorch as pl
-from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from typing_extensions import override
+
+from lightning_hybrid.lightning_packages import CALLBACK_BASES, MisconfigurationException
 
 # Layout of the hybrid callbacks' checkpointed state; raise it when a layout changes, and migrate in `_migrate`.
 # 1: the scheduler's state one flat dictionary; 2: the engine's parts and its prediction family apart; 3: the
 # scheduler's state holds whether the checkpoint was written inside an unverified prediction (version 2 wrote that
-# at the checkpoint's top level).
-STATE_VERSION = 3
+# at the checkpoint's top level); 4: the scheduler's state holds the states of the components it holds (up to 3, every
+# component was a callback of its own).
+STATE_VERSION = 4
 
 LOAD_ERRORS = (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError)
 
@@ -52,8 +52,9 @@ def _refusing(name: str, undo: Callable[[], None] | None = None) -> Iterator[Non
         ) from err
 
 
-class HybridComponent(Callback):
-    """Base of the hybrid callbacks; refuses to run a ``fit`` without the ``HybridScheduler`` that runs them.
+class HybridComponent(*CALLBACK_BASES):
+    """Base of the hybrid callbacks, a ``Callback`` of each installed Lightning package (``lightning.pytorch``,
+    ``pytorch_lightning``); refuses to run a ``fit`` without the ``HybridScheduler`` that runs them.
 
     Subclasses keep their checkpointed state in ``_state``/``_load``, and turn an earlier version's layout into
     this one in ``_migrate``. ``state_dict`` adds the version; ``load_state_dict`` refuses a state from a newer
@@ -65,7 +66,7 @@ class HybridComponent(Callback):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         for hook in PER_BATCH_HOOKS:
-            if getattr(cls, hook) is getattr(Callback, hook):  # Lightning's no-op: skipped as None
+            if any(getattr(cls, hook) is getattr(base, hook) for base in CALLBACK_BASES):  # Lightning's no-op
                 setattr(cls, hook, None)
 
     def _state(self) -> dict[str, Any]:
@@ -109,7 +110,7 @@ class HybridComponent(Callback):
     runs_the_plugin = False  # the HybridScheduler's: the one callback that runs the others
 
     @override
-    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage == "fit" and find_scheduler(trainer) is None:
             raise MisconfigurationException(
                 f"{type(self).__name__} is a component of the HybridScheduler callback, which runs it; add "
@@ -118,7 +119,7 @@ class HybridComponent(Callback):
             )
 
 
-def find_scheduler(trainer: pl.Trainer) -> Any:
+def find_scheduler(trainer: Any) -> Any:
     """The trainer's ``HybridScheduler`` (known by its marker: it builds on this module), or ``None`` for a plain
     run."""
     return next((cb for cb in trainer.callbacks if getattr(cb, "runs_the_plugin", False)), None)

@@ -6,13 +6,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from lightning_utilities.core.rank_zero import rank_zero_warn
 from typing_extensions import override
 
 from lightning_hybrid.callbacks.base import find_scheduler
+from lightning_hybrid.lightning_packages import CALLBACK_BASES
 from lightning_hybrid.validation import check_int
 
 MIB = 2**20
@@ -36,7 +35,7 @@ def _total_memory(device: torch.device) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-class VRAMLogger(Callback):
+class VRAMLogger(*CALLBACK_BASES):
     """Logs memory through the Trainer's loggers after every ``every_n_steps`` optimizer steps and at every phase
     transition, and keeps each phase's peak for ``hybrid_summary.json``. Works in plain Lightning runs too.
 
@@ -86,7 +85,7 @@ class VRAMLogger(Callback):
         return None if self._root is None else Path(self._root) / self.emergency_filename
 
     @override
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self._scheduler = find_scheduler(trainer)
         self._root = trainer.default_root_dir
         device = trainer.strategy.root_device
@@ -98,7 +97,7 @@ class VRAMLogger(Callback):
         return {"memory_peak_bytes_by_phase": dict(self.phase_peaks)}
 
     @override
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, idx: int) -> None:
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, idx: int) -> None:
         self._phase = self._scheduler.phase.label if self._scheduler is not None else "plain"
         if pl_module.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(pl_module.device)
@@ -119,7 +118,7 @@ class VRAMLogger(Callback):
 
     @override
     def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, idx: int
     ) -> None:
         figures = self.read(pl_module.device)
         phase = self._phase
@@ -133,7 +132,7 @@ class VRAMLogger(Callback):
         if self._threshold_bytes is not None and not self.emergency_saved:
             self._check_emergency(trainer, figures["in_use"])
 
-    def _check_emergency(self, trainer: pl.Trainer, in_use: int) -> None:
+    def _check_emergency(self, trainer: Any, in_use: int) -> None:
         # every rank must take part in the decision and in the checkpoint, which is a collective call
         if trainer.strategy.reduce_boolean_decision(in_use >= self._threshold_bytes, all=False):
             self.emergency_saved = True

@@ -14,11 +14,10 @@ import json
 import os
 from typing import Any
 
-import lightning.pytorch as pl
 import torch
 
 
-def logging_step(trainer: pl.Trainer) -> bool:
+def logging_step(trainer: Any) -> bool:
     """Whether Lightning logs the step values of the batch now ending: every ``log_every_n_steps`` batches that
     stepped, the last batch of a fit that is stopping, every batch of a ``fast_dev_run`` (Lightning's own rule,
     read at ``on_train_batch_end``, before Lightning counts the batch)."""
@@ -29,7 +28,7 @@ def logging_step(trainer: pl.Trainer) -> bool:
     return stepped % every == 0 or trainer.should_stop or bool(trainer.fast_dev_run)
 
 
-def log_step(trainer: pl.Trainer, metrics: dict[str, float]) -> None:
+def log_step(trainer: Any, metrics: dict[str, float]) -> None:
     """Hand a step's scalars to every logger and to ``trainer.callback_metrics``, from a callback's
     ``on_train_batch_end``: at the step Lightning logs this batch's ``self.log`` values at right after (its count of
     batches that stepped, not yet incremented), as every rank calls each logger, which writes on rank 0."""
@@ -39,7 +38,7 @@ def log_step(trainer: pl.Trainer, metrics: dict[str, float]) -> None:
     trainer.callback_metrics.update({name: torch.tensor(value) for name, value in metrics.items()})
 
 
-def log_unverified(pl_module: pl.LightningModule, unverified: bool) -> None:
+def log_unverified(pl_module: Any, unverified: bool) -> None:
     """Whether a validation sees unverified weights (1) or verified ones (0), logged with its own metrics at its
     step (from a callback's ``on_validation_start``). Every rank holds the same value; ``sync_dist`` averages it
     over them once a validation, so Lightning has nothing to warn of, nor without a logger."""
@@ -47,7 +46,7 @@ def log_unverified(pl_module: pl.LightningModule, unverified: bool) -> None:
     pl_module.log("hybrid/unverified", float(unverified), on_epoch=True, logger=loggers, batch_size=1, sync_dist=True)
 
 
-def write_summary(trainer: pl.Trainer, summary: dict[str, Any], directory: str | None, filename: str) -> None:
+def write_summary(trainer: Any, summary: dict[str, Any], directory: str | None, filename: str) -> None:
     """``summary`` as JSON to ``directory`` (by default where the Trainer's first logger keeps its logs; nowhere
     without a logger), from rank 0."""
     if directory is None and trainer.loggers:

@@ -1,40 +1,44 @@
-"""HybridScheduler: the plugin in one callback, which runs the :class:`~lightning_hybrid.engine.HybridEngine` inside
-``fit``: it finds or brings the components, hands the engine to the strategy (which routes each step through it),
-calls it from Lightning's batch hooks, logs its scalars and checkpoints its state, so a resumed run continues
-exactly."""
+"""HybridScheduler: the plugin in one callback, running the :class:`~lightning_hybrid.engine.HybridEngine` inside
+``fit`` from Lightning's hooks alone beside any strategy: a step's loss from ``on_before_backward``, its guard from
+``on_before_optimizer_step`` (before clipping and the update), its end from ``on_train_batch_end``, torch's step
+hooks for the rest (:mod:`~.optimizer_hooks`). It holds its components, logs its scalars and checkpoints its state,
+so a resumed run continues exactly; a hybrid strategy also hands it the per-step mode's predicted steps."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import lightning.pytorch as pl
-from lightning.pytorch.utilities.exceptions import MisconfigurationException
-from torch.optim import Optimizer
 from typing_extensions import Unpack, override
 
-from lightning_hybrid.adopted import adopt, give_back, what_it_goes_without
-from lightning_hybrid.callbacks.assembly import assemble, find_parts
+from lightning_hybrid.callbacks.assembly import assemble, fit_parts
 from lightning_hybrid.callbacks.bandit import HorizonBandit
 from lightning_hybrid.callbacks.base import HybridComponent
 from lightning_hybrid.callbacks.checkpoint_flag import UNVERIFIED, say_resuming, say_unverified
+from lightning_hybrid.callbacks.evaluated_weights import write_weights
+from lightning_hybrid.callbacks.held_components import COMPONENTS, gather, held, held_states, load_held
 from lightning_hybrid.callbacks.messages import info, warn
 from lightning_hybrid.callbacks.monitor import DivergenceMonitor
+from lightning_hybrid.callbacks.optimizer_hooks import OptimizerHooks
 from lightning_hybrid.callbacks.predictor import DynamicsPredictor
-from lightning_hybrid.callbacks.progress import hide_progress, show_progress
+from lightning_hybrid.callbacks.progress import show_progress
+from lightning_hybrid.callbacks.ranks import TrainerCollectives
 from lightning_hybrid.callbacks.resumable import say_unresumable
 from lightning_hybrid.callbacks.routing import DEFAULT_RULE, SchedulerSettings
 from lightning_hybrid.callbacks.scalars import log_step, log_unverified, logging_step, write_summary
+from lightning_hybrid.callbacks.sharded_state import stow, unstow
 from lightning_hybrid.callbacks.wiring import (
     last_step,
+    refuse_optimizers,
     refuse_sparse_gradients,
-    refuse_untrainable,
-    warn_ignored,
     warn_short_fit,
+    what_it_goes_without,
 )
 from lightning_hybrid.config import HybridConfig
-from lightning_hybrid.engine import Components, HybridEngine, OptimizerSet
+from lightning_hybrid.engine import HybridEngine, OptimizerSet
+from lightning_hybrid.engine.state import migrate_v1
 from lightning_hybrid.phase import Phase
 from lightning_hybrid.predictors import AnyPredictor
+from lightning_hybrid.step_routing import StepRouting
 from lightning_hybrid.summary import RunCounters, format_summary
 from lightning_hybrid.tensorboard import write_layout
 
@@ -45,9 +49,10 @@ class HybridScheduler(HybridComponent):
     """The plugin, in one callback: runs the default rule's cycles and jumps (``outer``), primal averaging
     (``gpa``) or the per-step mode's Warmup → Full → Predict → Correct cycle, and owns the run's record and summary.
 
-    It brings the components its mode needs (``components``, placed among the callbacks at setup where none of that
-    kind is listed) and runs beside the Trainer's strategy, which takes the plugin's step routing for the fit
-    (:mod:`~lightning_hybrid.adopted`); the per-step mode needs a hybrid strategy, and says so at setup.
+    It brings the components its mode needs (``components``) and holds them, their state in its own; a component
+    of a kind the user lists among the Trainer's callbacks is used instead, and Lightning checkpoints that one. It
+    runs beside the Trainer's strategy, which it only reads; the per-step mode needs a hybrid strategy, and says so
+    at setup.
 
     Args:
         config: the phase settings, as a :class:`HybridConfig`; or give them as keywords.
@@ -85,9 +90,10 @@ class HybridScheduler(HybridComponent):
         self.predictor: DynamicsPredictor | None = None  # the components found at setup
         self.monitor: DivergenceMonitor | None = None
         self.bandit: HorizonBandit | None = None
-        self._strategy: Any = None
-        self._strategy_class: type | None = None  # the user's strategy's own class, while it routes for the plugin
-        self._hooks: list[Any] = []
+        self._listed: list[HybridComponent] = []  # this fit's components the user listed (Lightning holds their state)
+        self._sharded = False  # the last fit's parameters were FSDP2 shards: the state is saved per rank
+        self._routing: StepRouting | None = None  # the hybrid strategy handing over predicted steps, during a fit
+        self._hooks = OptimizerHooks(self.engine)  # torch's step hooks on this fit's optimizers
         self._in_step = False
         self._per_batch, self._seen = 1, 0  # optimizers stepping each batch; the global step last seen
         # this fit has said that a checkpoint holds unverified weights; that one will not resume exactly
@@ -105,52 +111,34 @@ class HybridScheduler(HybridComponent):
     def counters(self) -> RunCounters:
         return self.engine.record.counters
 
-    def progress(self) -> dict[str, str]:
-        """What the progress bar shows: the phase, and the mode's counts (jumps kept, or backward passes skipped)."""
-        family = self.engine.family
-        return {"phase": self.phase.label, **(family.progress() if family is not None else {})}
-
     @override
-    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage != "fit":
             return
+        self._release()  # what a fit whose exception never reached this callback left
         self._said_unverified = self._said_unresumable = False
-        self.predictor, family, corrector, self.monitor, self.bandit = find_parts(trainer, self)
-        refuse_untrainable(pl_module)
-        self._strategy_class = adopt(trainer.strategy, self.predictor.name if family.predicts_steps else None)
-        self._strategy = trainer.strategy  # routing for the plugin until given back
-        bandit = self.bandit.horizons if self.bandit is not None else None
-        host, monitor = self.predictor, self.monitor.divergence
-        parts = Components(host.predictor, host.encoder, corrector, monitor, bandit)
-        try:  # what the family cannot run with, refused by name before training
-            family.check(self.config, parts, trainer.strategy.sharded)
-        except ValueError as err:
-            raise MisconfigurationException(str(err)) from err
-        warn_ignored(family, self.predictor.name, self.config, self.monitor.divergence, self.told_ignored)
-        self.engine.connect(parts)
-        trainer.strategy.attach_step_handler(self.engine)
-        show_progress(trainer, self)
+        parts = fit_parts(trainer, pl_module, self)
+        self.predictor, self.monitor, self.bandit = parts.host, parts.monitor, parts.bandit
+        self._listed, self._sharded = parts.listed, parts.sharded
+        self.engine.connect(parts.components)
+        if isinstance(trainer.strategy, StepRouting):  # a hybrid strategy: the per-step mode's predicted steps
+            self._routing = trainer.strategy
+            self._routing.attach_step_handler(self.engine.route)
 
-    def _release(self, trainer: pl.Trainer) -> None:
-        """The fit is over, however it ended: the strategy and the progress bar are as the user made them."""
-        hide_progress(trainer)
-        if self._strategy is not None:
-            give_back(self._strategy, self._strategy_class)
-        self._strategy = self._strategy_class = None
+    def _release(self) -> None:  # the fit is over, however: nothing of the plugin's left on optimizers or strategy
+        self._hooks.remove()
+        if self._routing is not None:
+            self._routing.attach_step_handler(None)
+        self._routing = None
 
     @override
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if not any(optimizer.param_groups for optimizer in trainer.optimizers):  # Lightning's stand-in has none
             # plain Lightning trains without an optimizer, with a warning; so does this run
             warn("hybrid: `configure_optimizers` returned no optimizer: the plugin steps aside (plain Lightning).")
             return
         optimizers, family = list(trainer.optimizers), type(self.engine.family)
-        if len(optimizers) > 1 and family.predicts_steps:
-            raise MisconfigurationException(
-                f"predictor={self.predictor.name!r} runs the per-step mode, which trains one optimizer (several param "
-                f"groups are fine); `configure_optimizers` returned {len(optimizers)}. Several optimizers that step on "
-                "one loss train under the default rule, predictor='outer'."
-            )
+        refuse_optimizers(optimizers, family, self.predictor.name)
         refuse_sparse_gradients(pl_module)
         # several optimizers on one loss are one trajectory; manual optimization counts a step per optimizer step
         self._per_batch, self._seen = len(optimizers), trainer.global_step
@@ -159,54 +147,49 @@ class HybridScheduler(HybridComponent):
         end = None if end is None else end // self._per_batch
         warn_short_fit(family, self.config, self.predictor.predictor, start, end, self.engine.record.afresh(start))
         self.engine.bind(
-            optimizer,
-            trainer.strategy,
-            automatic=pl_module.automatic_optimization,
-            scaler=getattr(trainer.precision_plugin, "scaler", None),
-            global_step=start,
-            world_size=trainer.world_size,
-            buffers=list(pl_module.buffers()),
-            last_step=end,
+            optimizer, TrainerCollectives(trainer.strategy, pl_module, self._sharded),
+            automatic=pl_module.automatic_optimization, scaler=getattr(trainer.precision_plugin, "scaler", None),
+            global_step=start, world_size=trainer.world_size, buffers=list(pl_module.buffers()), last_step=end,
             logs=bool(trainer.loggers),
-        )
-        clips = bool(trainer.gradient_clip_val) and trainer.gradient_clip_algorithm in (None, "norm")
-        self.engine.step_guard.for_clipping = clips  # Lightning's clipping by norm takes the guard's measurement
-        pre, post = self._before_optimizer_step, self._after_optimizer_step
-        self._hooks = [h for o in optimizers for h in (o.register_step_pre_hook(pre), o.register_step_post_hook(post))]
+        )  # fmt: skip
+        self._hooks.attach(optimizers, trainer.state)
         write_layout(trainer, self.engine.family.mode)
-        if self._strategy_class and (without := what_it_goes_without(trainer, self._strategy_class)) is not None:
+        if (without := what_it_goes_without(trainer)) is not None:
             warn(without)
         self._in_step = False
 
-    def _before_optimizer_step(self, optimizer: Optimizer, args: Any, kwargs: Any) -> None:
-        self.engine.before_optimizer_step()
-
-    def _after_optimizer_step(self, optimizer: Optimizer, args: Any, kwargs: Any) -> None:
-        self.engine.after_optimizer_step(optimizer)
-
-    def _step_aside(self, reason: str) -> None:
-        """The run is not one the plugin can serve (said by the first batch that shows it): undo anything
-        unverified and let Lightning train the rest of the fit plainly, saying why."""
-        warn(f"hybrid: {reason}; the plugin steps aside and the rest of this fit is plain Lightning.")
-        self.engine.step_aside(reason)
-        for hook in self._hooks:
-            hook.remove()
-        self._hooks = []
-
+    # -- one step --------------------------------------------------------------------------------------------------
     @override
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, idx: int) -> None:
-        if not self.engine.bound:
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, idx: int) -> None:
+        engine = self.engine
+        if not engine.bound:
             return  # a fit the plugin stands aside from
+        if engine.evaluating:  # validation saw the average; training goes on from its own point
+            engine.evaluate(False)
         if not self._in_step:  # not another micro-batch of an accumulated step
             self._in_step = True
-            self.engine.begin_step()
-        if self.engine.step.phase is Phase.PREDICT:  # counted now: a progress bar ending its batch first sees it
-            self.engine.record.counters.backward_skipped += 1
+            engine.begin_step()
+        if engine.step.phase is Phase.PREDICT:  # counted now: a progress bar ending its batch first sees it
+            engine.record.counters.backward_skipped += 1
 
     @override
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
-    ) -> None:
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
+        if self.engine.bound and not self.engine.predicting:
+            self.engine.record_loss(loss)
+
+    @override
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        if self.engine.bound:
+            self.engine.guard_step()
+
+    def _step_aside(self, reason: str) -> None:
+        """The run is not one the plugin can serve: anything unverified undone, the rest of the fit plain, said."""
+        warn(f"hybrid: {reason}; the plugin steps aside and the rest of this fit is plain Lightning.")
+        self.engine.step_aside(reason)
+        self._release()
+
+    @override
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, idx: int) -> None:
         engine, global_step = self.engine, trainer.global_step
         if not engine.bound:
             return
@@ -225,33 +208,49 @@ class HybridScheduler(HybridComponent):
         self._in_step = False
         if trainer.loggers and logging_step(trainer):
             log_step(trainer, engine.metrics(predicted_loss))
+        if engine.decided:
+            show_progress(trainer, pl_module, engine.family.progress())
 
+    # -- evaluation and checkpoints --------------------------------------------------------------------------------
     @override
-    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Validation inside a segment, or between a jump and its verdict, sees unverified weights: each validation
-        of a fit logs ``hybrid/unverified`` (1 there, else 0), so a reader knows which points may yet be undone."""
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        """Validation inside ``fit`` sees what the run is evaluated at (an averaging rule's average, until training
+        goes on: so do the checkpoints saved after it), and logs ``hybrid/unverified``: 1 where it sees weights a
+        verdict may yet undo, else 0."""
         if trainer.state.fn == "fit" and self.engine.bound:
             log_unverified(pl_module, self.engine.unverified)
+            self.engine.evaluate(True)
 
     @override
-    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
-        """Say, once a fit, that a checkpoint holds unverified weights, or cannot resume inside its epoch exactly."""
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict) -> None:
+        """The checkpoint's weights are what the run is evaluated at; a sharded run's state goes per rank. Said once
+        a fit: a checkpoint holds unverified weights, or cannot resume inside its epoch exactly."""
+        weights = self.engine.evaluated_weights()
+        if weights is not None and "state_dict" in checkpoint:
+            write_weights(checkpoint["state_dict"], pl_module, self.engine.store.owners, weights)
+        if self._sharded:
+            stow(checkpoint, [c.state_key for c in (self, *self._listed)], trainer.global_rank, kept=(UNVERIFIED,))
         said, step = self._said_unverified, trainer.global_step
         self._said_unverified = say_unverified(self.engine.unverified, step, said)
         self._said_unresumable = say_unresumable(trainer, self._said_unresumable)
 
     @override
-    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
+    def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict) -> None:
+        """Before Lightning loads the callbacks' states: on a sharded run, this rank's; each component's where its
+        holder in this fit finds it."""
+        unstow(checkpoint, trainer.ckpt_path, trainer.global_rank)
         say_resuming(checkpoint)
+        gather(checkpoint, self.state_key, held(self.components, self._listed), self._listed)
 
+    # -- the fit's end -------------------------------------------------------------------------------------------
     @override
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         if self.engine.bound:
             self.engine.end_fit()  # however training ended: max_steps, EarlyStopping, max_time, an interruption
             self.engine.record.stop_clock()
 
     @override
-    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         summary = self.summary(trainer)
         if summary["steps_total"] == 0 and "stepped_aside" not in summary:  # `max_epochs=0`, or no optimizer
             return
@@ -259,19 +258,16 @@ class HybridScheduler(HybridComponent):
         info(self.report(summary))
 
     @override
-    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self.engine.unbind()
-        for hook in self._hooks:
-            hook.remove()
-        self._hooks = []
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage == "fit":
-            self._release(trainer)
+            self._release()
+            self.engine.unbind()
 
     @override
-    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        self._release(trainer)  # a fit that failed tears its callbacks down only in part
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._release()  # a fit that failed tears its callbacks down only in part
 
-    def summary(self, trainer: pl.Trainer | None = None) -> dict[str, Any]:
+    def summary(self, trainer: Any = None) -> dict[str, Any]:
         """Whole-run numbers, as written to ``hybrid_summary.json``; with ``trainer``, also what its other
         callbacks report through a ``hybrid_summary()`` method (the :class:`VRAMLogger`'s memory peaks)."""
         out = self.engine.summary()
@@ -287,14 +283,18 @@ class HybridScheduler(HybridComponent):
 
     @override
     def _state(self) -> dict[str, Any]:
-        return {**self.engine.state_dict(), UNVERIFIED: self.engine.unverified}
+        own = held_states(held(self.components, self._listed))
+        return {**self.engine.state_dict(), UNVERIFIED: self.engine.unverified, COMPONENTS: own}
 
     @override
     def _load(self, state: dict[str, Any]) -> None:
         self.engine.load_state_dict(state)
+        load_held(held(self.components, self._listed), state[COMPONENTS])
 
     @override
     def _migrate(self, state: dict[str, Any], version: int) -> dict[str, Any]:
         if version == 1:
-            state = self.engine.migrate_v1(state)
-        return {UNVERIFIED: False, **state}  # version 2 kept the flag at the checkpoint's top level
+            state = migrate_v1(state, self.engine.family)
+        # version 2 kept the flag at the checkpoint's top level; up to 3 every component was a callback of its own
+        return {UNVERIFIED: False, COMPONENTS: {}, **state}
+

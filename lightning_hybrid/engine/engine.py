@@ -1,7 +1,9 @@
 """HybridEngine: one optimizer step at a time, through the parts that decide what it does: :mod:`~.policy` (observe
 or back off), :mod:`~.guard` (read and guard an ordinary step), :mod:`~.store` (the tensors), :mod:`~.phases` (the
 cycle) and :mod:`~.record` (counts); prediction around the steps is the :class:`~.family.PredictionFamily`'s. It owns
-no Lightning object: a strategy hands it the step (:class:`~.interface.StepHandler`), the scheduler calls its hooks."""
+no Lightning object: the scheduler calls it from Lightning's hooks (an ordinary step's loss from
+``on_before_backward``, its guard from ``on_before_optimizer_step``), a hybrid strategy hands it the predicted steps
+(:class:`~.step_route.StepRoute`), and a loop without Lightning routes every step through that same route."""
 
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ from lightning_hybrid.engine.interface import Collectives
 from lightning_hybrid.engine.phases import Due, PhaseMachine
 from lightning_hybrid.engine.policy import PredictionPolicy
 from lightning_hybrid.engine.record import RunRecord, StepRecord
-from lightning_hybrid.engine.state import engine_state, load_engine_state, migrate_v1
+from lightning_hybrid.engine.state import engine_state, load_engine_state
+from lightning_hybrid.engine.step_route import StepRoute
 from lightning_hybrid.engine.store import ParameterStore
 from lightning_hybrid.phase import Phase
 
@@ -37,7 +40,9 @@ class HybridEngine:
 
     Build it with the config (and, optionally, where messages go), :meth:`connect` the components (their
     predictor names the family that runs it), :meth:`bind` the optimizer, then per optimizer step call
-    :meth:`begin_step`, route the step through the :class:`~.interface.StepHandler` methods, and :meth:`end_step`.
+    :meth:`begin_step`, run the step (:meth:`record_loss` for each backward pass, :meth:`guard_step` after the last,
+    :meth:`drop_skipped` before the update; or route it whole through ``route``, a :class:`~.step_route.StepRoute`,
+    which calls them), and :meth:`end_step`.
     """
 
     def __init__(
@@ -61,7 +66,9 @@ class HybridEngine:
         self._restored = False  # a checkpoint was loaded since the last bind
         self.stepped_aside: str | None = None  # where and why the engine left a fit to Lightning
         self.logs = True  # the step's scalars are logged: readings that only they show are worth taking
+        self.decided = False  # the step just ended brought a decision (a cycle's end): what the bar shows changed
         self.info, self._warn = info, warn
+        self.route = StepRoute(self)  # the StepHandler a hybrid strategy, or a loop without Lightning, routes through
 
     # -- wiring --------------------------------------------------------------------------------------------------
     @property
@@ -90,7 +97,8 @@ class HybridEngine:
         end, where known, so that no prediction is made that the run cannot verify; ``logs``: whether the step's
         scalars are logged (readings only they show are taken only then)."""
         self.collectives = collectives
-        self.step_guard = StepGuard(collectives, scaler, world_size)
+        unscales = bool(getattr(optimizer, "_step_supports_amp_scaling", False))  # a fused step, a scaler's too
+        self.step_guard = StepGuard(collectives, scaler, world_size, grads_scaled=unscales)
         self.skips_on_device = self.step_guard.skips_on_device(optimizer)
         self.automatic = automatic
         self.global_step, self.world_size, self.last_step, self.logs = global_step, world_size, last_step, logs
@@ -120,15 +128,13 @@ class HybridEngine:
         self.family.setup(restored=False)
         return True
 
-    def end_fit(self) -> None:
-        """Training ends, however: unread quiet steps are read, and the family undoes anything unverified."""
+    def end_fit(self) -> None:  # training ends, however: quiet steps read, anything unverified undone by the family
         self.read_deferred()
         if self.store is not None:
             self.family.end_fit()
 
     def step_aside(self, reason: str) -> None:
-        """Stop for the rest of the fit, which Lightning trains plainly: anything unverified is undone, and the
-        summary says where and why."""
+        """Stop for the rest of the fit, which trains plainly: anything unverified undone, the summary says why."""
         self.end_fit()
         self.record.stop_clock()
         self.stepped_aside = f"at step {self.global_step}: {reason}"
@@ -164,6 +170,13 @@ class HybridEngine:
     def evaluate(self, on: bool) -> bool:
         """Put in the parameters what the run is evaluated at, or take it out (the family's); whether they changed."""
         return self.bound and self.family.evaluate(on)
+
+    @property
+    def evaluating(self) -> bool:  # the parameters hold what the run is evaluated at, not what it trains
+        return self.bound and self.family.evaluating
+
+    def evaluated_weights(self) -> list[Tensor] | None:  # a checkpoint's weights where the parameters differ
+        return self.family.evaluated_weights() if self.bound else None
 
     # -- one step ------------------------------------------------------------------------------------------------
     def begin_step(self) -> None:
@@ -221,6 +234,7 @@ class HybridEngine:
 
     def _advance(self) -> None:
         due = self.machine.step_done(self.step.phase, self.step.backed_off, self.family.horizon)
+        self.decided = due is not None
         if due is not None:
             self.read_deferred()  # the decisions below read what the components learnt
         if due is Due.CYCLE_END and not self._follow_trainable_set():
@@ -229,33 +243,23 @@ class HybridEngine:
             self.family.phase_done(due)
         self.store.release_buffer()  # the step's update has been read; a segment that started holds its snapshot
 
-    # -- StepHandler: what the strategy routes through the engine --------------------------------------------------
-    def training_step(self, run: Callable[[], Any]) -> Any:
-        return self.family.predicted_training_step(run) if self.predicting else run()
+    # -- an ordinary step, from Lightning's hooks or a loop's own calls ---------------------------------------------
+    def record_loss(self, loss: Tensor) -> None:
+        """A backward pass of an ordinary step is about to run on ``loss`` (a gradient scaler's, unscaled here)."""
+        self.record.add_loss(self.step, self.step_guard.unscaled(loss), False, self.automatic)
 
-    def backward(self, loss: Tensor, run: Callable[[], Any]) -> Any:
-        self.record.add_loss(self.step, loss, self.predicting, self.automatic)
-        return loss if self.predicting else run()  # no backward pass on predicted steps
+    def guard_step(self) -> None:
+        """The step's backward passes are done, its update next: read and guard it, once a step (several optimizers
+        follow the first one's verdict)."""
+        if self.predicting or self.step.guarded:
+            return
+        self.store.wait_for_optimizer_state()  # copied back after a segment: the update reads it next
+        self._check_ordinary_step()
 
-    def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any], run: Callable[..., Any]) -> Any:
-        if self.predicting:
-            return self.family.predict_step(closure)
-        # several optimizers on one loss: the first one's step guards them all, and the others follow its verdict
-        return run(closure) if self.step.guarded else run(self.guard(closure))
-
-    def guard(self, closure: Callable[[], Any]) -> Callable[[], Any]:
-        """Wrap an ordinary step's closure: no non-finite loss or gradient reaches a bound optimizer's weights."""
-
-        def guarded() -> Any:
-            output = closure()
-            self.store.wait_for_optimizer_state()  # copied back after a segment: the update reads it next
-            self._check_ordinary_step()
-            return output
-
-        return guarded
-
-    def clipping_norm(self, params: list[Tensor]) -> Tensor | None:  # the guard's (a step reads its gradients once)
-        return self.step_guard.clipping_norm(params) if self.bound and not self.predicting else None
+    def drop_skipped(self, optimizer: Optimizer) -> None:
+        """``optimizer``'s coming update dropped, with its gradients, where the guard skipped the step."""
+        if self.step.skipped and not self.predicting:
+            self.step_guard.skip(optimizer)
 
     def _check_ordinary_step(self) -> None:
         monitor, counters, step, store = self.parts.monitor, self.record.counters, self.step, self.store
@@ -276,8 +280,7 @@ class HybridEngine:
         return {**self.record.metrics(self.step), **self.family.metrics(self.step, predicted_loss)}
 
     def summary(self) -> dict[str, Any]:
-        """Whole-run numbers in the mode's words, with the settings it ran with, as written to
-        ``hybrid_summary.json``."""
+        """Whole-run numbers in the mode's words, with its settings, as ``hybrid_summary.json`` holds them."""
         self.read_deferred()
         family = self.family
         return {
@@ -295,6 +298,3 @@ class HybridEngine:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._restored = load_engine_state(self, state)
 
-    def migrate_v1(self, state: dict[str, Any]) -> dict[str, Any]:
-        """A checkpoint of state version 1 in this version's layout (the family must be connected)."""
-        return migrate_v1(state, self.family)

@@ -173,10 +173,17 @@ class PredictionFamily:
         """Whether the weights now hold a prediction that no verdict has kept yet."""
         return False
 
+    evaluating = False  # the parameters hold what the run is evaluated at, put in by :meth:`evaluate`
+
     def evaluate(self, on: bool) -> bool:
-        """Put in the parameters what the run is evaluated at (``on``: validation, a checkpoint), or take it back
-        out; returns whether they changed. Most families evaluate the weights they train."""
+        """Put in the parameters what the run is evaluated at (``on``: validation), or take it back out; returns
+        whether they changed. Most families evaluate the weights they train."""
         return False
+
+    def evaluated_weights(self) -> list[Tensor] | None:
+        """What a checkpoint written now must hold in place of the parameters (the store's tensors, in its order),
+        where the parameters do not hold it; ``None``: the parameters as they are."""
+        return None
 
     def end_fit(self) -> None:
         """Training ends, however it ends: undo anything unverified; leave the weights ``fit`` hands back."""
@@ -188,8 +195,8 @@ class PredictionFamily:
         has no value: Lightning would log a value it was given earlier again."""
         return {}
 
-    def progress(self) -> dict[str, str]:
-        """What the progress bar shows of the run so far, beside the phase."""
+    def progress(self) -> dict[str, float]:
+        """What the progress bar shows of the run so far, as numbers (logged for it at each decision)."""
         return {}
 
     def summary(self) -> dict[str, Any]:

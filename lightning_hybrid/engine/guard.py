@@ -1,16 +1,16 @@
-"""The ordinary-step guard: reads a step's loss and gradient norm once, agreed over ranks, and turns the coming
-optimizer update into a no-op when it must not reach the weights (non-finite values, an exploding gradient, a
-segment that failed verification).
+"""The ordinary-step guard: reads a step's loss and gradient norm once, agreed over ranks, after its backward pass
+and before its update, and decides whether the update must not reach the weights (non-finite values, an exploding
+gradient, a segment that failed verification). A skipped update is dropped with its gradients
+(:meth:`StepGuard.skip`), where nothing edits them after: Lightning's clipping runs first.
 
 A quiet step (nothing to learn from it, nothing to verify) is guarded without reading anything to the host: its
 verdict is a device tensor that skips the update on the device, the way Lightning's gradient scaler does, and its
 values are read later with others (:meth:`StepGuard.check_on_device`). That needs an optimizer that takes a
-``found_inf`` tensor (torch's fused Adam, AdamW and SGD) or a gradient scaler; with others every step is read."""
+``found_inf`` tensor (torch's fused Adam, AdamW and SGD); with others every step is read."""
 
 from __future__ import annotations
 
 import math
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -45,7 +45,6 @@ class Reading:
     loss: float
     grad_norm: float  # unscaled when a gradient scaler is active
     finite: bool
-    grads: list[Tensor]  # this rank's local gradients, for a skip
 
 
 def loss_and_norm(values: list[float]) -> tuple[float, float]:
@@ -57,23 +56,25 @@ class StepGuard:
     """Measures an ordinary step before its update and can cancel the update.
 
     Args:
-        collectives: the strategy's shard and reduction operations.
-        scaler: the precision plugin's gradient scaler, if any: its skips are used instead of dropping gradients.
+        collectives: the shard and reduction operations of the run's strategy.
+        scaler: the precision plugin's gradient scaler, if any: the loss it scaled is unscaled, and so are the
+            gradients where they are still scaled as the guard reads them (``grads_scaled``).
         world_size: the number of ranks.
+        grads_scaled: the gradients the guard reads are still scaled: the optimizer unscales them in its own step
+            (a fused one, to which Lightning leaves them), and a quiet step's skip goes through the scaler.
     """
 
-    def __init__(self, collectives: Collectives, scaler: Any = None, world_size: int = 1) -> None:
+    def __init__(
+        self, collectives: Collectives, scaler: Any = None, world_size: int = 1, grads_scaled: bool = False
+    ) -> None:
         self.collectives = collectives
         self.scaler = scaler
+        self.grads_scaled = scaler is not None and grads_scaled
         self.device = collectives.root_device  # asked once: a strategy's property builds it on every call
         self.sharded = collectives.sharded
         # several ranks reduce one whole norm, not one per gradient: a length that no rank's gradients can change
         self.whole_norm = collectives.sharded or world_size > 1
         self._limit, self._bound_now, self._mask_now = math.nan, torch.empty(0), torch.empty(0)
-        # where Lightning clips by norm (set by the scheduler): the last measurement's gradients (held weakly: never
-        # kept alive past their step), their versions and norms, for clipping_norm
-        self.for_clipping = False
-        self._measured: tuple[list[weakref.ref[Tensor]], list[int], list[Tensor]] | None = None
         # a Python number in `torch.where` is a new tensor (an operation) at every call: these are made once
         self._zero, self._one, self._nan = (torch.tensor(v, device=self.device) for v in (0.0, 1.0, math.nan))
 
@@ -89,8 +90,9 @@ class StepGuard:
         """Guard an ordinary step after its backward pass, before its update. A quiet step is guarded on the device
         (:meth:`check_on_device`); any other is read, ``judge`` gives the verdict on what is still unverified (the
         family's; ``True``: the step's gradient was taken at rejected weights), and a step judged so, or with a
-        non-finite loss or gradient, or an exploding gradient norm (these two counted), is skipped. Returns why a
-        counted skip was made (``SKIPPED``'s words), or ``None``."""
+        non-finite loss or gradient, or an exploding gradient norm (these two counted), is marked skipped
+        (``step.skipped``: :meth:`skip` drops its update). Returns why a counted skip was made (``SKIPPED``'s words),
+        or ``None``."""
         if step.quiet:
             step.reading = self.check_on_device(optimizer, owners, step.loss_sum, monitor.outlier_limit())
             return None
@@ -108,8 +110,6 @@ class StepGuard:
         elif monitor.gradient_outlier(reading.grad_norm):
             step.skipped, why = True, SKIPPED[False]
             counters.outlier_steps_skipped += 1
-        if step.skipped:
-            self.skip(optimizer, reading.grads)
         return why
 
     def _grads(self, owners: list[Tensor]) -> list[Tensor]:
@@ -127,9 +127,7 @@ class StepGuard:
         device."""
         loss = loss_sum if loss_sum is not None else torch.full((), math.nan, device=self.device)
         norms = torch._foreach_norm(grads, 2, dtype=torch.float32) if grads else []
-        if self.for_clipping and self.scaler is None and not self.sharded:
-            self._measured = ([weakref.ref(g) for g in grads], [g._version for g in grads], norms)
-        if self.scaler is not None and grads:  # get_scale() would read the scale to the host
+        if self.grads_scaled and grads:  # get_scale() would read the scale to the host
             norms = torch._foreach_div(norms, self.scaler._get_scale_async().view(()))
         if self.whole_norm:  # every rank takes part in the sum, with gradients or without
             squares = torch.stack(norms).square().sum() if grads else torch.zeros((), device=self.device)
@@ -143,11 +141,17 @@ class StepGuard:
         if loss_sum is None and not grads:
             return None
         loss, grad_norm = loss_and_norm(self._measure(grads, loss_sum).tolist())
-        return Reading(loss, grad_norm, math.isfinite(loss) and math.isfinite(grad_norm), grads)
+        return Reading(loss, grad_norm, math.isfinite(loss) and math.isfinite(grad_norm))
+
+    def unscaled(self, loss: Tensor) -> Tensor:
+        """A loss as the module returned it, from the one its backward pass took (a gradient scaler's, scaled by a
+        power of two: exactly undone)."""
+        return loss if self.scaler is None else loss / self.scaler._get_scale_async().view(())
 
     def skips_on_device(self, optimizer: Optimizer) -> bool:
-        """Whether this optimizer's update can be cancelled by a device tensor, with no host read."""
-        return self.scaler is not None or bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+        """Whether this optimizer's update can be cancelled by a device tensor, with no host read: it takes a
+        ``found_inf`` (or, under a gradient scaler, leaves the scaler to find one in the gradients it unscales)."""
+        return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
 
     def check_on_device(
         self, optimizer: Optimizer, owners: list[Tensor], loss_sum: Tensor | None, outlier_limit: float
@@ -164,7 +168,7 @@ class StepGuard:
         norm = torch.linalg.vector_norm(values * self._mask(values))  # the whole norm, nan if the loss is not finite
         ok = norm <= self._bound(outlier_limit)  # finite, and within the limit
         skipped = torch.where(ok, self._zero, self._one)
-        if self.scaler is not None:
+        if self.grads_scaled:
             torch._foreach_mul_(grads, torch.where(ok, self._one, self._nan))  # the scaler skips non-finite gradients
         else:
             for member in members(optimizer):  # read by each fused step, as under AMP
@@ -188,33 +192,10 @@ class StepGuard:
             self._limit, self._bound_now = outlier_limit, torch.tensor(bound, device=self.device)
         return self._bound_now
 
-    def clipping_norm(self, params: list[Tensor]) -> Tensor | None:
-        """The total norm Lightning's clipping by norm is about to compute for ``params``' gradients, from this
-        step's measurement, bitwise as ``torch.nn.utils.get_total_norm`` takes it: where every gradient is one the
-        guard measured, unchanged since (its version), float32 and on one device. ``None`` otherwise (clipping then
-        measures them itself)."""
-        if self._measured is None:
-            return None
-        refs, versions, norms = self._measured
-        at = {id(g): i for i, ref in enumerate(refs) if (g := ref()) is not None}
-        picked = []
-        for p in params:
-            g = p.grad
-            if g is None:
-                continue
-            i = at.get(id(g))
-            if i is None or g._version != versions[i] or g.dtype != torch.float32 or g.device != norms[0].device:
-                return None
-            picked.append(norms[i])
-        if not picked:
-            return None
-        with torch.no_grad():
-            return torch.linalg.vector_norm(torch.stack(picked))
-
     def step_done(self, optimizer: Optimizer) -> None:
         """Take back the ``found_inf`` a quiet step handed ``optimizer``, which has just stepped. A gradient scaler
         hands its own and takes them back after the step, which is still running: they are left to it."""
-        if self.scaler is None:
+        if not self.grads_scaled:
             optimizer.__dict__.pop("found_inf", None)
             optimizer.__dict__.pop("grad_scale", None)
 
@@ -223,9 +204,8 @@ class StepGuard:
         stacked = torch.stack([v.to(device=self.device, dtype=torch.float32) for v in values])
         return self.collectives.reduce(stacked, reduce_op="mean").tolist()
 
-    def skip(self, optimizer: Optimizer, grads: list[Tensor]) -> None:
-        """Make the coming ``optimizer.step`` a no-op."""
-        if self.scaler is not None:
-            torch._foreach_mul_(grads, math.nan)  # the scaler skips steps with non-finite gradients
-        else:
-            optimizer.zero_grad(set_to_none=True)  # optimizers skip parameters without gradients
+    @staticmethod
+    def skip(optimizer: Optimizer) -> None:
+        """Make the coming ``optimizer.step`` a no-op: optimizers pass over parameters without gradients (under a
+        gradient scaler too, which steps an optimizer whose gradients it found finite)."""
+        optimizer.zero_grad(set_to_none=True)

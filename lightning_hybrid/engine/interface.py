@@ -1,8 +1,8 @@
-"""The two small contracts between Lightning and the engine, defined below both so neither imports the other.
+"""The two small contracts between the engine and what runs it, defined below both so neither imports the other.
 
-A hybrid strategy hands each training step to a :class:`StepHandler`; the engine asks the strategy for the
-collective and shard operations of :class:`Collectives`. The strategy knows only these protocols, the callbacks know
-the strategy, and the engine knows neither.
+A hybrid strategy hands each predicted step to a :class:`StepHandler` (a loop without Lightning, every step); the
+engine asks for the collective and shard operations of :class:`Collectives`, which the scheduler builds from the
+Trainer's strategy. The strategy knows only these protocols, and the engine knows neither.
 """
 
 from __future__ import annotations
@@ -17,14 +17,18 @@ from torch.optim import Optimizer
 
 @runtime_checkable
 class StepHandler(Protocol):
-    """What a hybrid strategy routes ``training_step``, ``backward`` and ``optimizer_step`` through. Each call gets
-    the strategy's own implementation as ``run``, to call (ordinary steps) or leave out (predicted ones)."""
+    """What a hybrid strategy routes ``training_step``, ``backward`` and ``optimizer_step`` through while the step is
+    predicted (an ordinary step reaches the engine from Lightning's hooks). Each call gets the strategy's own
+    implementation as ``run``, to call (ordinary steps) or leave out (predicted ones)."""
 
     @property
     def bound(self) -> bool:
-        """Whether a fit's training is under way with this handler (its optimizer taken): only then are steps
-        routed through it. A fit run by another set of callbacks (the LR finder's and the batch-size finder's
-        trial fits) trains as plain Lightning."""
+        """Whether a fit's training is under way with this handler (its optimizer taken). A fit run by another set
+        of callbacks (the LR finder's and the batch-size finder's trial fits) trains as plain Lightning."""
+
+    @property
+    def predicting(self) -> bool:
+        """Whether the step now running is predicted: no backward pass, the update the handler's."""
 
     def training_step(self, run: Callable[[], Any]) -> Any:
         """``run()`` calls the module's ``training_step``."""
@@ -36,18 +40,10 @@ class StepHandler(Protocol):
         """``run(closure)`` steps ``optimizer`` with ``closure`` (the forward and backward, in automatic
         optimization), through Lightning's precision plugin."""
 
-    def clipping_norm(self, params: list[Tensor]) -> Tensor | None:
-        """The total norm of ``params``' gradients, where the handler measured it this step as clipping would
-        (bitwise), so that clipping need not take it again; ``None`` otherwise."""
-
-    def evaluate(self, on: bool) -> bool:
-        """Put in the parameters what the run is evaluated at (``on``: a checkpoint is written), or take it back out;
-        returns whether they changed."""
-
 
 @runtime_checkable
 class Collectives(Protocol):
-    """What the engine needs from the strategy to work on this rank's part of the parameters."""
+    """What the engine needs of the run's ranks to work on this rank's part of the parameters."""
 
     sharded: bool  # whether each rank holds only shards of the parameters (``local_tensor`` is not the identity)
 

@@ -166,6 +166,16 @@ class ParameterStore:
         if self.module_buffers:
             copy_(self.module_buffers, self.module_buffers_at_start)
 
+    def zero_gradients(self) -> None:
+        """Zeros for every parameter's gradient: a predicted step under manual optimization leaves its backward pass
+        out, and the user's ``training_step`` may clip or read the gradients next (torch's value clipping fails on
+        none at all)."""
+        for p in self.owners:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            else:
+                p.grad.zero_()
+
     def rollback(self) -> None:
         self.restore_optimizer_state()  # a no-op unless a segment's optimizer state is still offloaded
         copy_(self.params, self.host_snapshot if self.snapshot_on_host else self.buffer)

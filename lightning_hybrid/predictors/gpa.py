@@ -93,6 +93,10 @@ class PrimalAveraging(TrajectoryRule):
         with torch.no_grad():
             torch._foreach_copy_(params, self._x)
 
+    def average_point(self) -> list[Tensor]:
+        """``x``, the average, as the rule holds it (no copy): what a checkpoint written while training holds."""
+        return self._x
+
     def gap_terms(self, params: TensorList) -> Tensor:
         """``[|y - x|², |y|²]`` over this rank's tensors (a parameter copy while they are summed; read at logging
         steps only): how far training has moved from its average."""

@@ -53,7 +53,7 @@ def fit(out: Path, name: str, kill: bool = False, ckpt_path: Path | None = None)
     if kill:
         callbacks.append(KillMidCycle(out))
     strategy = HybridDDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=TIMEOUT_S))
-    trainer = two_ranks(strategy, STEPS, callbacks, saving, out)
+    trainer = two_ranks(L.pytorch, strategy, STEPS, callbacks, saving, out)
     trainer.fit(RegressionModel(scheduler=True), loader(256, batch_size=16), ckpt_path=ckpt_path)
 
 

@@ -89,6 +89,10 @@ class PrimalAverages(PredictionFamily):
         self.evaluating = on
         return True
 
+    def evaluated_weights(self) -> list[torch.Tensor] | None:
+        """A checkpoint holds the average, as validation sees it; the parameters hold ``y`` while training."""
+        return self.engine.parts.predictor.average_point() if self.started and not self.evaluating else None
+
     def end_fit(self) -> None:
         """``fit`` hands back the average."""
         self.evaluate(True)
@@ -103,8 +107,8 @@ class PrimalAverages(PredictionFamily):
             gap = math.sqrt(apart / size) if size > 0 else math.nan
         return {"hybrid/averaged_steps": float(self.averaged), "hybrid/average_gap": gap}
 
-    def progress(self) -> dict[str, str]:
-        return {"averaged": str(self.averaged)}
+    def progress(self) -> dict[str, float]:
+        return {"averaged": float(self.averaged)}
 
     def summary(self) -> dict[str, Any]:
         return {"averaged_steps": self.averaged}

@@ -61,19 +61,12 @@ class JumpReport:
             out["hybrid/verify_resolution"] = rule.verify_resolution
         return out
 
-    def progress(self) -> dict[str, str]:
-        """The bar's counts: the jumps kept of those judged, and one awaiting its verdict shown as pending, not as
-        one lost (``jumps kept=14/14, pending=1``)."""
+    def progress(self) -> dict[str, float]:
+        """The bar's counts, as a cycle ends: the jumps made and, where verdicts judge them, those kept."""
         c = self.engine.record.counters
         if self.engine.parts.predictor.window == 0:  # nothing is judged: nothing kept or undone to show
-            return {"jumps": str(c.jumps_made)}
-        pending = int(self.state.pending)
-        shown = {"jumps kept": f"{c.jumps_kept}/{c.jumps_made - pending}"}
-        if pending:
-            shown["pending"] = "1"
-        if c.jumps_rejected:
-            shown["undone"] = str(c.jumps_rejected)
-        return shown
+            return {"jumps": float(c.jumps_made)}
+        return {"jumps": float(c.jumps_made), "kept": float(c.jumps_kept)}
 
     def summary(self) -> dict[str, Any]:
         e = self.engine

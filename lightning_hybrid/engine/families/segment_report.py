@@ -43,8 +43,9 @@ class SegmentReport:
             metrics["hybrid/bandit_arm"] = float(self.bandit_arm)
         return metrics
 
-    def progress(self) -> dict[str, str]:
-        return {"skipped": f"{self.engine.record.counters.backward_skipped_pct:.1f}%"}
+    def progress(self) -> dict[str, float]:
+        """The share of backward passes skipped so far, in percent."""
+        return {"skipped": round(self.engine.record.counters.backward_skipped_pct, 1)}
 
     def summary(self) -> dict[str, Any]:
         e = self.engine
