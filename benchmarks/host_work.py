@@ -34,6 +34,7 @@ import cProfile
 import json
 import pstats
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -240,9 +241,32 @@ def _counted(steps: int, settings: dict[str, Any] | None, options: dict[str, boo
     return sum(v[1] for v in pstats.Stats(profiler).stats.values()), count.ops
 
 
+def call_depth(steps: int, settings: dict[str, Any], options: dict[str, bool]) -> float:
+    """How deep the plugin's own calls nest on a quiet step: the most of its frames on the stack at once, the median
+    over a run's quiet steps."""
+    start, deepest, step = HybridScheduler.on_train_batch_start.__code__, {}, [0]
+
+    def watch(frame: Any, event: str, arg: Any) -> None:
+        if event != "call":
+            return
+        step[0] += frame.f_code is start
+        depth, outer = 0, frame
+        while outer is not None:
+            depth += "lightning_hybrid" in outer.f_code.co_filename
+            outer = outer.f_back
+        deepest[step[0]] = max(deepest.get(step[0], 0), depth)
+
+    sys.setprofile(watch)
+    try:
+        config = _fit(steps, settings, options)[1]
+    finally:
+        sys.setprofile(None)
+    return statistics.median(deepest.get(i + 2, 0) for i in _positions(steps, config)[0])
+
+
 def counts(steps: int, repeats: int = 3) -> dict[str, dict[str, Any]]:
-    """Per mode: Python calls and tensor operations per step above plain's, over a whole run, and the plugin's own
-    time per step over ``repeats`` runs."""
+    """Per mode: Python calls and tensor operations per step above plain's, over a whole run, the plugin's own
+    time per step over ``repeats`` runs, and how deep its calls nest on a quiet step."""
     out = {}
     for mode, both in MODES.items():
         settings, options = _split(both)
@@ -252,6 +276,7 @@ def counts(steps: int, repeats: int = 3) -> dict[str, dict[str, Any]]:
             "python_calls": (hybrid[0] - plain[0]) / steps,
             "tensor_ops": (hybrid[1] - plain[1]) / steps,
             "own_us": _spread(own, "runs"),
+            "call_depth": call_depth(min(steps, 120), settings, options),
         }
     return out
 
@@ -279,8 +304,8 @@ def profile(steps: int, top: int = 12) -> list[dict[str, Any]]:
 def markdown(result: dict[str, Any]) -> str:
     rows = [
         "| mode | quiet step, µs above plain | a cycle's steps on average, µs above plain | goal | the plugin's own "
-        "time, µs a step | Python calls a step above plain | tensor ops a step above plain |",
-        "|---|---|---|---|---|---|---|",
+        "time, µs a step | Python calls a step above plain | tensor ops a step above plain | call depth, quiet |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for mode, parts in result["above_plain_us"].items():
         cells = [f"{p['median']:.0f} ({p['min']:.0f} to {p['max']:.0f})" for p in (parts["quiet"], parts["cycle"])]
@@ -288,7 +313,8 @@ def markdown(result: dict[str, Any]) -> str:
         own = count["own_us"]
         rows.append(
             f"| {mode} | {cells[0]} | {cells[1]} | {GOALS_US.get(mode, '-')} | {own['median']:.0f} ({own['min']:.0f} "
-            f"to {own['max']:.0f}) | {count['python_calls']:.0f} | {count['tensor_ops']:.1f} |"
+            f"to {own['max']:.0f}) | {count['python_calls']:.0f} | {count['tensor_ops']:.1f} "
+            f"| {count['call_depth']:.0f} |"
         )
     plain = result["plain_step_us"]
     top = "\n".join(f"| {r['function']} | {r['calls']} | {r['own_ms']:.1f} | {r['with_callees_ms']:.1f} |"

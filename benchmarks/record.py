@@ -15,6 +15,7 @@ import re
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from benchmarks import footprint, gpu, lrs, scale
 from benchmarks.report import median_over_seeds, seeds_cell
@@ -23,7 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = (
     ROOT / "README.md",
     ROOT / "docs" / "performance.md",
+    ROOT / "docs" / "how-it-works.md",
     ROOT / "benchmarks" / "results" / "footprint" / "README.md",
+    ROOT / "benchmarks" / "results" / "lightning_tests" / "README.md",
 )
 REGION = re.compile(r"(<!-- record: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /record -->)", re.S)
 DEFAULT = "outer_norm_restart_res"  # the default's configuration name in the learning-rate grid's files
@@ -389,14 +392,51 @@ def gpu_table() -> str:
 
 
 # -- Lightning's own tests with the plugin inside (tests/lightning_inject.py) ---------------------------------------
+def _lightning_runs() -> dict[str, Any]:
+    return json.loads((scale.RESULTS / "lightning_tests" / "outcomes.json").read_text())
+
+
 def lightning_tests() -> str:
-    runs = json.loads((scale.RESULTS / "lightning_tests" / "outcomes.json").read_text())
-    plain, injected = runs["plain"]["passed"], runs["default"]["passed"]
-    return (
-        f"Of {plain} of Lightning's own tests that pass plain, {injected} pass with the plugin in every Trainer\n"
-        f"([record](benchmarks/results/lightning_tests/README.md); [the {plain - injected} others]"
-        "(docs/how-it-works.md#compatibility)).\n"
+    runs = _lightning_runs()
+    plain, plugin = runs["plain"]["passed"], runs["default"]["passed"]
+    text = (
+        f"Of {plain} of Lightning's own tests that pass plain, {plugin} pass with `HybridScheduler()` added to every "
+        f"Trainer, its strategy kept; of the {plain - plugin} others, {len(runs['fail_with_any_callback'])} fail with "
+        f"any stateful callback added and {len(runs['fail_with_the_plugin_only'])} want each logging step's logger "
+        "calls Lightning's alone ([record](benchmarks/results/lightning_tests/README.md); "
+        "[which](docs/how-it-works.md#compatibility))."
     )
+    return textwrap.fill(text, 118, break_on_hyphens=False, break_long_words=False) + "\n"
+
+
+def _names(tests: list[str]) -> str:
+    return ", ".join(f"`{t.split('::')[-1]}`" for t in tests)
+
+
+def lightning_tests_detail() -> str:
+    runs = _lightning_runs()
+    plain, plugin = runs["plain"]["passed"], runs["default"]["passed"]
+    text = (
+        f"Lightning {runs['lightning_tests']} with {runs['lightning_installed']} installed: of {plain} tests that "
+        f"pass plain, {plugin} pass with `HybridScheduler()` added to every Trainer, its own strategy kept "
+        f"(`HYBRID_INJECT=default`). Of the {plain - plugin} others, {len(runs['fail_with_any_callback'])} fail as "
+        f"they do with a stateful callback that does nothing in its place (`HYBRID_INJECT=inert`: "
+        f"{_names(runs['fail_with_any_callback'])} compare the Trainer's exact callback list), and "
+        f"{len(runs['fail_with_the_plugin_only'])} ({_names(runs['fail_with_the_plugin_only'])}) want each logging "
+        "step's calls to the logger to be Lightning's alone: the plugin calls each logger itself, as "
+        "`LearningRateMonitor` does (see \"What you see\")."
+    )
+    return textwrap.fill(text, 118, break_on_hyphens=False, break_long_words=False) + "\n"
+
+
+def lightning_tests_table() -> str:
+    runs = _lightning_runs()
+    rows = ["| run | passed | failed | skipped |", "|---|---|---|---|"]
+    names = {"plain": "plain (`off`)", "inert": "a do-nothing stateful callback (`inert`)",
+             "default": "`HybridScheduler()` (`default`)"}  # fmt: skip
+    rows += [f"| {label} | {runs[key]['passed']} | {runs[key]['failed']} | {runs[key]['skipped']} |"
+             for key, label in names.items()]  # fmt: skip
+    return "\n".join(rows) + "\n"
 
 
 GENERATORS: dict[str, Callable[[], str]] = {
@@ -405,6 +445,8 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "footprint-sizes": footprint.sizes_table,
     "suite-time": footprint.suite_time,
     "lightning-tests": lightning_tests,
+    "lightning-tests-detail": lightning_tests_detail,
+    "lightning-tests-table": lightning_tests_table,
     "gpu-status": gpu_status,
     "gpu-table": gpu_table,
     "scale-status": scale_status,

@@ -35,7 +35,7 @@ def module(path: str) -> ModuleType:
 def classes(path: str, name: str) -> tuple[type, ...]:
     """``name`` as each installed package defines it: ``classes("pytorch.strategies", "DeepSpeedStrategy")`` holds
     ``lightning.pytorch``'s and ``pytorch_lightning``'s (one class where both share it), for ``isinstance``."""
-    return tuple(dict.fromkeys(getattr(module, name) for module in _modules(path)))
+    return tuple(dict.fromkeys(getattr(each, name) for each in _modules(path)))
 
 
 def _import_both() -> list[ModuleType]:

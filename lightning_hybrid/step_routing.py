@@ -1,7 +1,8 @@
 """The per-step mode's dispatch, mixed into the hybrid strategies (:mod:`~lightning_hybrid.strategy`,
 :mod:`~lightning_hybrid.fsdp`): a predicted step (no backward pass, the update the plugin's) goes through a
 :class:`~lightning_hybrid.engine.StepHandler`, the engine the ``HybridScheduler`` callback attaches in ``setup``.
-Every other step reaches the engine from Lightning's hooks, as beside any strategy. Imports no Lightning."""
+Every other step reaches the engine from Lightning's hooks, as beside any strategy. A mixin of no Lightning class:
+the hybrid strategies put it before theirs."""
 
 from __future__ import annotations
 

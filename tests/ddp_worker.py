@@ -195,7 +195,7 @@ def main(
             "params": flat_params(model),
             "steps": trainer.global_step,
             "place": (trainer.node_rank, trainer.local_rank),
-            "strategy": type(trainer.strategy).__name__,  # after the fit: its own class again, beside the plugin
+            "strategy": type(trainer.strategy).__name__,  # after the fit: its own class, beside the plugin
         }
         if resume == "after":
             saved["after"] = _after_fit(trainer, model)

@@ -70,7 +70,7 @@ def _trained(summary: dict) -> dict:
 def test_one_callback_beside_lightnings_strategy_trains_bitwise_as_the_hybrid_strategy(rule):
     """The default rule and gpa, as ``Trainer(callbacks=[HybridScheduler()])`` on Lightning's single-device
     strategy, and as the hybrid strategy with ``hybrid_callbacks``: the same weights, bitwise, and the same record;
-    the user's strategy has its own class back after the fit."""
+    the user's strategy keeps its own class."""
     users = _users_trainer([HybridScheduler(**RULES[rule])])
     model = RegressionModel(scheduler=True)
     users.fit(model, loader())
@@ -181,7 +181,7 @@ def _copies(things: list) -> None:
 
 def test_every_callback_and_strategy_pickles_and_deep_copies_before_and_after_a_fit():
     """No closure or lambda in anything a Trainer holds of the plugin's: spawn launchers pickle it, notebooks and
-    tuners deep-copy it. After a fit beside the user's strategy, that strategy too (its own class, given back)."""
+    tuners deep-copy it. After a fit beside the user's strategy, that strategy too."""
     _copies(_everything())
     for strategy in (HybridPredictStrategy, SingleDeviceStrategy):
         for callbacks in (hybrid_callbacks(**RULES["default"]), hybrid_callbacks(predictor="gpa")):

@@ -347,6 +347,7 @@ def test_the_host_work_benchmark_reports_every_mode_against_plain_and_a_profile(
     assert result["profile"] and all(row["calls"] > 0 for row in result["profile"])
     assert set(result["counts"]) == set(host_work.MODES)
     assert all(c["python_calls"] > 0 and c["tensor_ops"] > 0 for c in result["counts"].values())  # the plugin's own
+    assert all(c["call_depth"] >= 2 for c in result["counts"].values())  # a hook of the scheduler's, and below
     # measured, each run: how it compares with a plain step is the benchmark's figure, not the test's (a wall clock
     # inside the plugin against a plain step's CPU time would flip under load)
     assert all(len(c["own_us"]["runs"]) == 3 and c["own_us"]["min"] > 0 for c in result["counts"].values())

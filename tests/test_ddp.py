@@ -256,7 +256,7 @@ def test_the_callback_alone_beside_a_users_strategy_trains_as_the_hybrid_one_and
     """``Trainer(strategy=<the user's>, callbacks=[HybridScheduler()])`` on 2 ranks: Lightning's DDP and Lightning's
     FSDP2 (ModelParallelStrategy, the module sharding itself). The ranks see their own data and end with equal
     weights, bitwise as under the hybrid strategy of the same kind; a resume from the second checkpoint ends bitwise
-    as the uninterrupted run; the strategy has its own class back after each fit."""
+    as the uninterrupted run; the strategy keeps its own class."""
     runs = distributed_runs[1]
     full, resumed = runs[f"save-alone-{strategy}"], runs[f"resumed-alone-{strategy}"]
     assert not torch.equal(full[0]["first_batch"], full[1]["first_batch"]), "ranks should see different data"

@@ -19,10 +19,13 @@ class OptimizerHooks:
         self.engine = engine
         self.optimizers: list[Optimizer] = []
         self._handles: list[Any] = []
-        self._state: Any = None  # the Trainer's state, read: the hooks act while its fit runs
+        self._state: Any = None  # the Trainer's state, read: the hooks act while its fit runs (``_running``)
+        self._running: Any = None
 
     def attach(self, optimizers: list[Optimizer], trainer_state: Any) -> None:
-        self.optimizers, self._state = optimizers, trainer_state
+        """From ``on_train_start``, the fit's status running (kept, to compare by identity: Lightning's enums compare
+        strings, lowercased, twice a step)."""
+        self.optimizers, self._state, self._running = optimizers, trainer_state, trainer_state.status
         for optimizer in optimizers:
             self._handles += [optimizer.register_step_pre_hook(self._before)]
             self._handles += [optimizer.register_step_post_hook(self._after)]
@@ -34,10 +37,10 @@ class OptimizerHooks:
         if self.engine.step_guard is not None:
             for optimizer in self.optimizers:
                 self.engine.step_guard.step_done(optimizer)
-        self.optimizers, self._handles, self._state = [], [], None
+        self.optimizers, self._handles, self._state, self._running = [], [], None, None
 
     def _acting(self) -> bool:
-        return self.engine.bound and self._state is not None and self._state.status == "running"
+        return self._state is not None and self._state.status is self._running and self.engine.bound
 
     def _before(self, optimizer: Optimizer, args: tuple, kwargs: dict[str, Any]) -> Any:
         if not self._acting():
