@@ -392,13 +392,14 @@ def gpu_table() -> str:
 
 
 # -- Lightning's own tests with the plugin inside (tests/lightning_inject.py) ---------------------------------------
-def _lightning_runs() -> dict[str, Any]:
-    return json.loads((scale.RESULTS / "lightning_tests" / "outcomes.json").read_text())
+def _lightning_runs() -> tuple[dict[str, Any], int, int]:
+    """The record, and how many tests pass plain and with the plugin."""
+    runs = json.loads((scale.RESULTS / "lightning_tests" / "outcomes.json").read_text())
+    return runs, runs["plain"]["passed"], runs["default"]["passed"]
 
 
 def lightning_tests() -> str:
-    runs = _lightning_runs()
-    plain, plugin = runs["plain"]["passed"], runs["default"]["passed"]
+    runs, plain, plugin = _lightning_runs()
     text = (
         f"Of {plain} of Lightning's own tests that pass plain, {plugin} pass with `HybridScheduler()` added to every "
         f"Trainer, its strategy kept; of the {plain - plugin} others, {len(runs['fail_with_any_callback'])} fail with "
@@ -414,8 +415,7 @@ def _names(tests: list[str]) -> str:
 
 
 def lightning_tests_detail() -> str:
-    runs = _lightning_runs()
-    plain, plugin = runs["plain"]["passed"], runs["default"]["passed"]
+    runs, plain, plugin = _lightning_runs()
     text = (
         f"Lightning {runs['lightning_tests']} with {runs['lightning_installed']} installed: of {plain} tests that "
         f"pass plain, {plugin} pass with `HybridScheduler()` added to every Trainer, its own strategy kept "
@@ -430,7 +430,7 @@ def lightning_tests_detail() -> str:
 
 
 def lightning_tests_table() -> str:
-    runs = _lightning_runs()
+    runs = _lightning_runs()[0]
     rows = ["| run | passed | failed | skipped |", "|---|---|---|---|"]
     names = {"plain": "plain (`off`)", "inert": "a do-nothing stateful callback (`inert`)",
              "default": "`HybridScheduler()` (`default`)"}  # fmt: skip

@@ -292,6 +292,23 @@ UNGUARDED = dict(keep_norms=False, restart=False)  # `outer` as SNOO publishes i
 DEFAULT_JUMPING = dict(verify_window=3, verify_resolution=0.0, outer_lr=1.6)
 
 
+# the rules that run as one callback beside the user's strategy, on short cycles (the default jumping)
+BESIDE = {"default": {**RULE_PHASES, **DEFAULT_JUMPING}, "gpa": {"predictor": "gpa", **RULE_PHASES}}
+UNTIMED = ("wall_time_s", "time_by_phase_s", "fit")  # a summary's entries of the clock, not of the training
+
+
+def trained(summary: dict[str, Any]) -> dict[str, Any]:
+    """A summary's entries of the training: what two runs that trained alike share."""
+    return {k: v for k, v in summary.items() if k not in UNTIMED}
+
+
+def users_trainer(callbacks: list, steps: int = 60, package: Any = L, **kwargs: Any) -> L.Trainer:
+    """A Trainer as a user writes one, of ``package`` (``lightning`` or ``pytorch_lightning``): Lightning's own
+    strategy (``auto``: one CPU device), the plugin a callback; quiet unless ``kwargs`` say otherwise."""
+    quiet = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    return package.Trainer(accelerator="cpu", devices=1, max_steps=steps, callbacks=callbacks, **(quiet | kwargs))
+
+
 def snoo(*args: Any, **kwargs: Any) -> OuterMomentum:
     """``outer`` without the default's guards, with ``RULE_VERDICT`` (each may be set again by keyword)."""
     return OuterMomentum(*args, **{**UNGUARDED, **RULE_VERDICT, **kwargs})

@@ -10,7 +10,6 @@ import pickle
 import subprocess
 import sys
 
-import lightning as L
 import pytest
 import torch
 from lightning.pytorch.strategies import (
@@ -39,7 +38,7 @@ from lightning_hybrid.callbacks.wiring import check_strategy
 from lightning_hybrid.phase import Phase
 from tests.faults.common import FaultyModel, FiniteWatch
 from tests.helpers import (
-    DEFAULT_JUMPING,
+    BESIDE,
     FAST,
     ROOT,
     RULE_PHASES,
@@ -50,37 +49,26 @@ from tests.helpers import (
     loader,
     scheduler_of,
     script_env,
+    trained,
+    users_trainer,
 )
 
-RULES = {"default": {**RULE_PHASES, **DEFAULT_JUMPING}, "gpa": {"predictor": "gpa", **RULE_PHASES}}
-UNTIMED = ("wall_time_s", "time_by_phase_s", "fit")  # the clock's, not the training's
 
-
-def _users_trainer(callbacks: list, steps: int = 60, **kwargs) -> L.Trainer:
-    """A Trainer as a user writes one: Lightning's own strategy (``auto``: one CPU device), the plugin a callback."""
-    quiet = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-    return L.Trainer(accelerator="cpu", devices=1, max_steps=steps, callbacks=callbacks, **(quiet | kwargs))
-
-
-def _trained(summary: dict) -> dict:
-    return {k: v for k, v in summary.items() if k not in UNTIMED}
-
-
-@pytest.mark.parametrize("rule", sorted(RULES))
+@pytest.mark.parametrize("rule", sorted(BESIDE))
 def test_one_callback_beside_lightnings_strategy_trains_bitwise_as_the_hybrid_strategy(rule):
     """The default rule and gpa, as ``Trainer(callbacks=[HybridScheduler()])`` on Lightning's single-device
     strategy, and as the hybrid strategy with ``hybrid_callbacks``: the same weights, bitwise, and the same record;
     the user's strategy keeps its own class."""
-    users = _users_trainer([HybridScheduler(**RULES[rule])])
+    users = users_trainer([HybridScheduler(**BESIDE[rule])])
     model = RegressionModel(scheduler=True)
     users.fit(model, loader())
-    hybrid, _ = hybrid_trainer(60, hybrid=hybrid_callbacks(**RULES[rule]), logger=False)
+    hybrid, _ = hybrid_trainer(60, hybrid=hybrid_callbacks(**BESIDE[rule]), logger=False)
     reference = RegressionModel(scheduler=True)
     hybrid.fit(reference, loader())
     assert type(users.strategy) is SingleDeviceStrategy and "_hybrid" not in vars(users.strategy)
     assert torch.equal(flat_params(model), flat_params(reference))
     summary = scheduler_of(users).summary()
-    assert _trained(summary) == _trained(scheduler_of(hybrid).summary())
+    assert trained(summary) == trained(scheduler_of(hybrid).summary())
     assert summary["backward_passes"] == 60  # every backward pass kept
     assert summary["jumps_made"] >= 1 if rule == "default" else summary["predictor"] == "gpa"
 
@@ -91,8 +79,8 @@ def test_the_guard_skips_a_non_finite_step_beside_the_users_strategy_as_under_th
     faults = {(Phase.FULL, 2): "nan", (Phase.FULL, 9): "explosion"}
     runs = []
     for trainer in (
-        _users_trainer([HybridScheduler(**RULES["default"]), FiniteWatch()]),
-        hybrid_trainer(60, hybrid=hybrid_callbacks(**RULES["default"]), extra_callbacks=[FiniteWatch()])[0],
+        users_trainer([HybridScheduler(**BESIDE["default"]), FiniteWatch()]),
+        hybrid_trainer(60, hybrid=hybrid_callbacks(**BESIDE["default"]), extra_callbacks=[FiniteWatch()])[0],
     ):
         model = FaultyModel(faults, scheduler=True)
         trainer.fit(model, loader())
@@ -121,13 +109,13 @@ def test_the_scheduler_alone_is_the_whole_plugin_in_any_mode():
     assert alone.monitor.divergence.z_threshold == 2.5 and alone.components[2].correction.max_residuals == 7
     assert torch.equal(flat_params(model), flat_params(reference))
     assert alone.summary()["steps_by_phase"]["predict"] > 0
-    assert _trained(alone.summary()) == _trained(scheduler_of(reference_trainer).summary())
+    assert trained(alone.summary()) == trained(scheduler_of(reference_trainer).summary())
 
 
 def test_what_one_callback_cannot_serve_is_refused_by_name_before_training():
     """The per-step mode owns each step's dispatch: beside a strategy of the user's it is refused, naming the hybrid
     strategies. DeepSpeed and FSDP1 are refused by name; settings given for a component also listed are refused."""
-    trainer = _users_trainer([HybridScheduler(**FAST)])
+    trainer = users_trainer([HybridScheduler(**FAST)])
     with pytest.raises(MisconfigurationException, match=r"runs the per-step mode.*not SingleDeviceStrategy.*'hybrid'"):
         trainer.fit(RegressionModel(), loader())
     assert trainer.global_step == 0 and type(trainer.strategy) is SingleDeviceStrategy
@@ -139,13 +127,13 @@ def test_what_one_callback_cannot_serve_is_refused_by_name_before_training():
     with pytest.raises(MisconfigurationException, match=r"ModelParallelStrategy\(save_distributed_checkpoint=False\)"):
         check_strategy(whole, None)
     assert check_strategy(ModelParallelStrategy(), None) and not check_strategy(DDPStrategy(), None)  # sharded?
-    trainer = _users_trainer([HybridScheduler(z_threshold=2.0), DivergenceMonitor()])
+    trainer = users_trainer([HybridScheduler(z_threshold=2.0), DivergenceMonitor()])
     with pytest.raises(MisconfigurationException, match=r"given \['z_threshold'\].*also lists a DivergenceMonitor"):
         trainer.fit(RegressionModel(), loader())
 
 
 def test_a_component_without_the_scheduler_names_it():
-    trainer = _users_trainer([DivergenceMonitor()])
+    trainer = users_trainer([DivergenceMonitor()])
     with pytest.raises(MisconfigurationException, match=r"DivergenceMonitor is a component of the HybridScheduler"):
         trainer.fit(RegressionModel(), loader())
 
@@ -158,17 +146,17 @@ def test_a_hydra_callbacks_dict_takes_the_whole_plugin_as_one_target():
 
     entry = {"_target_": "lightning_hybrid.HybridScheduler", "predictor": "gpa", **RULE_PHASES}
     config = OmegaConf.create({"callbacks": {"hybrid": entry}})
-    trainer = _users_trainer([instantiate(c) for c in config.callbacks.values()], 20)
+    trainer = users_trainer([instantiate(c) for c in config.callbacks.values()], 20)
     trainer.fit(RegressionModel(), loader())
     assert scheduler_of(trainer).summary()["predictor"] == "gpa"
     config.callbacks.hybrid = {"_target_": "lightning_hybrid.hybrid_callbacks"}
     with pytest.raises(TypeError, match=r"^lightning_hybrid.hybrid_callbacks returns a list.*HybridScheduler`"):
-        _users_trainer([instantiate(c) for c in config.callbacks.values()])
+        users_trainer([instantiate(c) for c in config.callbacks.values()])
 
 
 def _everything() -> list:
     """Every callback of every mode, and every strategy."""
-    modes = [hybrid_callbacks(**RULES["default"]), hybrid_callbacks(predictor="gpa"), hybrid_callbacks(**FAST)]
+    modes = [hybrid_callbacks(**BESIDE["default"]), hybrid_callbacks(predictor="gpa"), hybrid_callbacks(**FAST)]
     strategies = [HybridPredictStrategy(), HybridDDPStrategy(), HybridFSDPStrategy(), FullyShardedStrategy()]
     return [*modes, [VRAMLogger(), HybridProgressBar()], strategies]
 
@@ -184,8 +172,8 @@ def test_every_callback_and_strategy_pickles_and_deep_copies_before_and_after_a_
     tuners deep-copy it. After a fit beside the user's strategy, that strategy too."""
     _copies(_everything())
     for strategy in (HybridPredictStrategy, SingleDeviceStrategy):
-        for callbacks in (hybrid_callbacks(**RULES["default"]), hybrid_callbacks(predictor="gpa")):
-            trainer = _users_trainer([*callbacks, VRAMLogger()], 20, strategy=strategy("cpu"))
+        for callbacks in (hybrid_callbacks(**BESIDE["default"]), hybrid_callbacks(predictor="gpa")):
+            trainer = users_trainer([*callbacks, VRAMLogger()], 20, strategy=strategy("cpu"))
             trainer.fit(RegressionModel(), loader())
             _copies([trainer.callbacks, trainer.strategy])
     trainer, _ = hybrid_trainer(40, hybrid=[HybridScheduler(**FAST)], logger=False)
@@ -214,4 +202,4 @@ def test_lightnings_own_launchers_run_the_callback_alone_on_two_ranks_and_resume
         assert full[0]["summary"]["jumps_made"] >= 1 and full[0]["summary"]["backward_passes"] == 48
         for before, after in zip(full, resumed, strict=True):
             assert torch.equal(after["params"], before["params"]), launcher
-            assert _trained(after["summary"]) == _trained(before["summary"]), launcher
+            assert trained(after["summary"]) == trained(before["summary"]), launcher

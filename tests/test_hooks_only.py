@@ -18,27 +18,22 @@ import torch
 
 from lightning_hybrid import HybridScheduler
 from tests.helpers import (
-    DEFAULT_JUMPING,
+    BESIDE,
     ROOT,
-    RULE_PHASES,
     RegressionModel,
     StandaloneRegression,
     flat_params,
     loader,
     scheduler_of,
     script_env,
+    trained,
+    users_trainer,
 )
-
-RULES = {"default": {**RULE_PHASES, **DEFAULT_JUMPING}, "gpa": {"predictor": "gpa", **RULE_PHASES}}
-UNTIMED = ("wall_time_s", "time_by_phase_s", "fit")  # the clock's, not the training's
 
 
 def _trainer(callbacks: list, package=L, steps: int = 40) -> L.Trainer:
     """A Trainer as a user writes one, on one CPU device with Lightning's own strategy and progress bar."""
-    return package.Trainer(
-        accelerator="cpu", devices=1, max_steps=steps, callbacks=callbacks, logger=False, enable_checkpointing=False,
-        enable_model_summary=False,
-    )  # fmt: skip
+    return users_trainer(callbacks, steps, package, enable_progress_bar=True)
 
 
 class Inert(L.Callback):
@@ -77,13 +72,13 @@ class Watch(L.Callback):
             self.seen = (_shape(trainer), list(trainer.callbacks))
 
 
-@pytest.mark.parametrize("rule", sorted(RULES))
+@pytest.mark.parametrize("rule", sorted(BESIDE))
 def test_nothing_of_lightnings_objects_changes_during_a_fit_or_after(rule):
     """Beside a plain run with a do-nothing callback in its place, mid-fit and after: the strategy, the precision
     plugin, the progress bar, the accelerator and the Trainer keep their classes and attributes, the callbacks list
     is the one the Trainer was built with, and no step hook stays on the optimizer."""
     runs = {}
-    for name, first in (("plain", Inert()), ("plugin", HybridScheduler(**RULES[rule]))):
+    for name, first in (("plain", Inert()), ("plugin", HybridScheduler(**BESIDE[rule]))):
         watch = Watch()
         trainer = _trainer([first, watch])
         built = list(trainer.callbacks)
@@ -120,7 +115,7 @@ def test_a_fit_that_fails_anywhere_leaves_lightnings_objects_as_a_plain_one_does
     """Even where Lightning never reaches the plugin's ``on_exception``, the fit's objects are as a plain failed
     fit leaves them; step hooks left on that fit's optimizer do nothing, and the next fit takes them off."""
     shapes, failing = {}, [FailsOnException()] if other else []
-    for name, first in (("plain", Inert()), ("plugin", HybridScheduler(**RULES["default"]))):
+    for name, first in (("plain", Inert()), ("plugin", HybridScheduler(**BESIDE["default"]))):
         trainer = _trainer([*failing, first])
         with pytest.raises(RuntimeError, match="another callback failed too" if other else "the user's step failed"):
             trainer.fit(FailsAt(), loader())
@@ -138,16 +133,16 @@ def test_a_fit_that_fails_anywhere_leaves_lightnings_objects_as_a_plain_one_does
     assert not optimizer._optimizer_step_pre_hooks and again.global_step == 20
 
 
-@pytest.mark.parametrize("rule", sorted(RULES))
+@pytest.mark.parametrize("rule", sorted(BESIDE))
 def test_the_same_callback_trains_bitwise_alike_in_a_trainer_of_either_lightning_package(rule):
     """``lightning.Trainer`` and the standalone ``pytorch_lightning.Trainer``, each with ``HybridScheduler()`` and
     the same module written on its package: the same weights, bitwise, and the same record."""
     runs = []
     for package, module in ((L, RegressionModel), (pytorch_lightning, StandaloneRegression)):
-        trainer = _trainer([HybridScheduler(**RULES[rule])], package)
+        trainer = _trainer([HybridScheduler(**BESIDE[rule])], package)
         model = module(scheduler=True)
         trainer.fit(model, loader())
-        summary = {k: v for k, v in scheduler_of(trainer).summary().items() if k not in UNTIMED}
+        summary = trained(scheduler_of(trainer).summary())
         runs.append((flat_params(model), summary))
     assert isinstance(trainer, pytorch_lightning.Trainer) and not isinstance(trainer, L.Trainer)
     (ours, summary), (theirs, standalone) = runs
