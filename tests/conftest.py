@@ -72,7 +72,7 @@ def distributed_runs(tmp_path_factory) -> tuple:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The longest groups first (the two-rank launch, the served TensorBoard page, then the launches of runs that
     kill themselves): xdist hands work out in collection order, and a long group handed out last would run alone at
-    the end while the other core idles."""
+    the end while the other core idles. Tests marked ``gpu`` skip where CUDA is absent."""
     first = ("ranks", "tensorboard_page", "killed_rank", "killed")
 
     def rank(item: pytest.Item) -> int:
@@ -80,6 +80,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return next((first.index(g) for g in groups if g in first), len(first))
 
     items.sort(key=rank)  # stable: the rest keep their order
+    if not torch.cuda.is_available():
+        for item in items:
+            if item.get_closest_marker("gpu"):
+                item.add_marker(pytest.mark.skip(reason="marked gpu: needs CUDA"))
 
 
 @pytest.fixture

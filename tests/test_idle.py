@@ -243,7 +243,7 @@ def test_the_steps_the_cuda_sync_check_watches_read_nothing_on_the_cpu(monkeypat
     assert not set(sync.checked) & set(reads.by_step), (sync.checked, reads.by_step)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: proves that quiet steps never synchronise")
+@pytest.mark.gpu  # proves that quiet steps never synchronise
 @QUIET_SETTINGS
 def test_quiet_steps_never_synchronise_on_cuda(settings):
     sync = SyncDebug(quiet_steps(settings))

@@ -476,7 +476,7 @@ def test_swa_plateau_scheduling_and_a_second_fit_keep_working():
     assert torch.isfinite(flat_params(model)).all()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: where the update average holds device memory")
+@pytest.mark.gpu  # where the update average holds device memory
 def test_the_update_average_waits_on_the_host_between_fits_on_cuda():
     """``linear``'s update average (one parameter copy) leaves the device when ``fit`` ends, as Lightning's optimizer
     state does, and the next ``fit`` of the same model takes it up again on the device, unchanged."""

@@ -87,7 +87,7 @@ def test_state_on_host_makes_the_same_run_bitwise_and_holds_nothing_on_the_devic
     assert held_at and set(held_at) <= set(due_at)  # from a cycle's end that decided a jump, to that jump
 
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 @pytest.mark.parametrize("device", DEVICES)

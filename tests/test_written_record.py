@@ -208,6 +208,8 @@ def test_the_prose_on_warm_up_and_on_the_capture_buffer_is_its_files():
     cost = [100 * (jumped / waited - 1) for jumped, waited in zip(backward("default"), backward("waits"), strict=True)]
     prose = " ".join((README.parent / "docs" / "how-it-works.md").read_text().split())
     assert f"{min(cost):.1f}-{max(cost):.1f}% of its backward passes to plain's loss against waiting" in prose
+    record = " ".join((RESULTS / "lr_warmup" / "README.md").read_text().split())
+    assert "by {:.1f}%, {:.1f}% and {:.1f}% of backward passes".format(*cost) in record  # each seed's, same file
     copies = []
     for folder, size in (("cpu_1thread", "25M"), ("overheads_batch32", "25M_batch32")):
         memory = json.loads((RESULTS / folder / "overheads.json").read_text())["sizes"][size]["memory"]
@@ -218,8 +220,9 @@ def test_the_prose_on_warm_up_and_on_the_capture_buffer_is_its_files():
 
 
 def test_the_fault_table_is_the_same_however_the_workers_shared_the_cases(tmp_path):
-    """The reliability table from a run's JUnit XML: the default's rows first, then by test, in any order of cases."""
-    from tests.faults.table import table
+    """The reliability table from a run's JUnit XML: the default's rows first, then by test, in any order of cases;
+    written between the page's markers, each case's row once (each case checks its own row there as it runs)."""
+    from tests.faults.table import rows_on_page, table, write
 
     def case(name: str, mode: str | None) -> str:
         props = {"fault": f"fault of {name}", "where": "full step", "outcome": "kept"} | (
@@ -239,3 +242,9 @@ def test_the_fault_table_is_the_same_however_the_workers_shared_the_cases(tmp_pa
     assert tables[0] == tables[1]
     assert [row.split(" | ")[1] for row in rows] == [f"fault of test_{n}" for n in "cdab"]
     assert [row.split(" | ")[0] for row in rows] == ["| default"] * 2 + ["| per-step"] * 2
+    page = tmp_path / "reliability.md"
+    page.write_text("before\n<!-- fault-suite: table -->\nstale\n<!-- /fault-suite -->\nafter\n")
+    write(str(tmp_path / "faults.xml"), page)
+    assert rows_on_page(page) == rows and page.read_text().startswith("before\n") and "stale" not in page.read_text()
+    on_the_page = [row.split(" | ")[:3] for row in rows_on_page()]
+    assert on_the_page and len(on_the_page) == len({tuple(r) for r in on_the_page})

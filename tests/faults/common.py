@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import lightning as L
@@ -10,6 +11,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from lightning_hybrid import Phase, hybrid_callbacks
+from tests.faults.table import row, rows_on_page
 from tests.helpers import (
     DEFAULT_JUMPING,
     FAST,
@@ -85,11 +87,18 @@ def train(
 
 
 def record(record_property, fault: str, where: str, outcome: str, mode: str = "per-step") -> None:
-    """What a case tried and what happened, for the reliability table (``tests/faults/table.py``)."""
+    """What a case tried and what happened, for the reliability table (``tests/faults/table.py``), and that the
+    page's table says so (but where ``FAULT_TABLE=rewrite`` records the rows to write it)."""
     record_property("fault", fault)
     record_property("where", where)
     record_property("outcome", outcome)
     record_property("mode", mode)
+    if os.environ.get("FAULT_TABLE") != "rewrite":
+        said = row(mode, fault, where, "passed", outcome)
+        assert said in rows_on_page(), (
+            f"docs/reliability.md's table lacks this case's row, {said}: write it with `FAULT_TABLE=rewrite pytest "
+            "tests/faults --junitxml=faults.xml && python -m tests.faults.table faults.xml`"
+        )
 
 
 class Injected(RuntimeError):
