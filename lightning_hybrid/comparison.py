@@ -5,6 +5,7 @@ plot of both validation curves, against steps and against training seconds."""
 from __future__ import annotations
 
 import logging
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,10 +52,6 @@ LOAD_TOLERANCE = 0.1  # a run's CPU seconds per wall second more than 10% from t
 
 def _num(value: float | None, fmt: str) -> str:
     return "n/a" if value is None else format(value, fmt)
-
-
-def _reached(result: RunResult, index: int, fmt: str) -> str:
-    return "never" if result.reached_plain_at is None else format(result.reached_plain_at[index], fmt)
 
 
 def _steps(plain: RunResult, hybrid: RunResult) -> list[int]:
@@ -185,16 +182,10 @@ def _row(label: str, plain: float | None, hybrid: float | None, fmt: str, words:
 def comparison_table(plain: RunResult, hybrid: RunResult) -> str:
     """Side-by-side table, led by what decides a speedup: when each run first reached plain's final validation loss
     (the benchmark harness measures it over seeds); then the loss at equal steps and the whole fits' costs, each in
-    a last column as the hybrid run's against plain's, in percent. Every time is training time in seconds, validation
-    excluded (``RunMeter``), as wall and as this process's CPU time; a whole fit's time that is the time to plain's
-    loss (a run first there at its end) reads "as above"."""
+    a last column as the hybrid run's against plain's, in percent; then what the hybrid run did that plain does
+    not, a count a row. Every time is training time in seconds, validation excluded (``RunMeter``), as wall and as
+    this process's CPU time. Within 80 columns, as a terminal shows it."""
     reached = [r.reached_plain_at or (None, None, None) for r in (plain, hybrid)]
-    at_end = [r.reached_plain_at is not None and r.reached_plain_at[0] == r.steps for r in (plain, hybrid)]
-
-    def whole(row: tuple) -> tuple:  # a run first at plain's loss at its end: its whole fit's time repeats that
-        label, p, h, against = row
-        return label, "as above" if at_end[0] else p, "as above" if at_end[1] else h, against
-
     rows = [
         _row("first at plain's final loss: step", reached[0][0], reached[1][0], "d", FEWER),
         _row("  its training time, wall (seconds)", reached[0][1], reached[1][1], ".2f", LESS),
@@ -206,22 +197,22 @@ def comparison_table(plain: RunResult, hybrid: RunResult) -> str:
             _loss_change(plain, hybrid) or "",
         ),
         ("whole fit: steps", str(plain.steps), str(hybrid.steps), ""),
-        whole(_row("  training time, wall (seconds)", plain.train_seconds, hybrid.train_seconds, ".2f", LESS)),
-        whole(_row("  training time, CPU (seconds)", plain.train_cpu_seconds, hybrid.train_cpu_seconds, ".2f", LESS)),
+        _row("  training time, wall (seconds)", plain.train_seconds, hybrid.train_seconds, ".2f", LESS),
+        _row("  training time, CPU (seconds)", plain.train_cpu_seconds, hybrid.train_cpu_seconds, ".2f", LESS),
         _row("  validation, wall (seconds)", plain.val_seconds, hybrid.val_seconds, ".2f", LESS),
         _row("  backward passes", plain.backward_passes, hybrid.backward_passes, "d", FEWER),
     ]
-    if hybrid.counts:
-        names = ", ".join(name.replace("_", " ") for name in hybrid.counts)
-        rows.append((names, "-", ", ".join(f"{v:g}" for v in hybrid.counts.values()), ""))
-    lines = [f"{'':38s}{'plain':>10s}{'hybrid':>10s}   hybrid against plain"]
-    lines += [f"{a:38s}{b:>10s}{c:>10s}   {d}".rstrip() for a, b, c, d in rows]
-    lines += headline(plain, hybrid)
-    lines.append(validated_steps(plain, hybrid))
-    lines.append(
-        "(one seed, one run each: times are noisy, two identical runs differed by up to 19% on an idle 2-core\n"
-        " machine, benchmarks/results/footprint; the harness measures over seeds with a plain control)"
+    rows += [(name.replace("_", " "), "-", f"{value:g}", "") for name, value in hybrid.counts.items()]
+    lines = [f"{'':36s}{'plain':>9s}{'hybrid':>9s}  hybrid against plain"]
+    lines += [f"{a:36s}{b:>9s}{c:>9s}  {d}".rstrip() for a, b, c, d in rows]
+    notes = [*headline(plain, hybrid), validated_steps(plain, hybrid)]
+    notes.append(
+        "(one seed, one run each: times are noisy, two identical runs differed by up to 19% on an idle 2-core "
+        "machine, benchmarks/results/footprint; the harness measures over seeds with a plain control)"
     )
+    for note in notes:  # each wrapped to the table's width, its indent kept
+        indent = " " * (len(note) - len(note.lstrip()))
+        lines.append(textwrap.fill(note, 80, initial_indent="", subsequent_indent=indent + "  "))
     return "\n".join(lines)
 
 

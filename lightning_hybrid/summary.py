@@ -102,6 +102,9 @@ def format_summary(summary: dict[str, Any], mode_lines: list[str], fit: FitStart
     """A few lines for the end of ``fit``: the steps (from the start of training; where this fit resumed, also what
     ``fit`` ran; from the resumed step where the checkpoint held no plugin state), what the mode did
     (``mode_lines``), the guard, and the shares of this fit's step time by phase."""
+    ran = sum(fit.steps_by_phase.values()) if fit is not None else summary["steps_total"]
+    if summary.get("stepped_aside") and ran == 0:  # nothing of the plugin's ran this fit: nothing else to say
+        return f"hybrid: stepped aside {summary['stepped_aside']}; the fit was plain Lightning"
     total = counted(summary["steps_total"], "step")
     head = f"hybrid ({summary['mode']}, {summary['predictor']}): {total}"
     if fit is not None and fit.afresh:

@@ -139,19 +139,26 @@ def test_a_component_without_the_scheduler_names_it():
 
 
 def test_a_hydra_callbacks_dict_takes_the_whole_plugin_as_one_target():
-    """lightning-hydra-template instantiates each entry of its ``callbacks`` dict as one callback: one entry is the
-    plugin, a rule one more key; ``hybrid_callbacks`` there (a list) is refused in one line naming the class."""
+    """lightning-hydra-template instantiates each entry of its ``callbacks`` dict as one callback, then the Trainer
+    with them (``instantiate(cfg.trainer, callbacks=...)``): one entry is the plugin, a rule one more key;
+    ``hybrid_callbacks`` there (a list) is refused in one line naming the class, on either path to the Trainer."""
+    from hydra.errors import InstantiationException
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
     entry = {"_target_": "lightning_hybrid.HybridScheduler", "predictor": "gpa", **RULE_PHASES}
-    config = OmegaConf.create({"callbacks": {"hybrid": entry}})
-    trainer = users_trainer([instantiate(c) for c in config.callbacks.values()], 20)
+    config = OmegaConf.create({"callbacks": {"hybrid": entry}, "trainer": {"_target_": "lightning.Trainer"}})
+    quiet = dict(logger=False, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+    trainer = instantiate(config.trainer, callbacks=[instantiate(c) for c in config.callbacks.values()],
+                          max_steps=20, accelerator="cpu", **quiet)  # fmt: skip
     trainer.fit(RegressionModel(), loader())
     assert scheduler_of(trainer).summary()["predictor"] == "gpa"
     config.callbacks.hybrid = {"_target_": "lightning_hybrid.hybrid_callbacks"}
-    with pytest.raises(TypeError, match=r"^lightning_hybrid.hybrid_callbacks returns a list.*HybridScheduler`"):
+    said = r"lightning_hybrid.hybrid_callbacks returns a list.*HybridScheduler`"
+    with pytest.raises(TypeError, match="^" + said):
         users_trainer([instantiate(c) for c in config.callbacks.values()])
+    with pytest.raises(InstantiationException, match=said):  # Hydra's own words around the plugin's line
+        instantiate(config.trainer, callbacks=[instantiate(c) for c in config.callbacks.values()], **quiet)
 
 
 def _everything() -> list:

@@ -86,8 +86,12 @@ def test_the_quick_start_job_jumps_and_compare_reports_the_jumps(tmp_path, caplo
     assert result["hybrid"]["backward_passes"] == result["plain"]["backward_passes"] == APP_STEPS
     assert result["hybrid"]["val_loss"] != result["plain"]["val_loss"]
     counts = result["hybrid"]["counts"]
-    said = rf"jumps made, jumps kept, jumps undone\s+-\s+{jumps}, {counts['jumps_kept']}, {counts['jumps_undone']}\n"
-    assert re.search(said, caplog.text) and "segment" not in caplog.text
+    for name in ("jumps_made", "jumps_kept", "jumps_undone"):  # a count a row, within 80 columns
+        assert re.search(rf"\n{name.replace('_', ' ')} +- +{counts[name]}\n", caplog.text), name
+    assert counts["jumps_made"] == jumps and "segment" not in caplog.text
+    (said,) = [r.getMessage() for r in caplog.records if "hybrid against plain" in r.getMessage()]
+    table = said[said.index("hybrid against plain") - 60 :].split("\n(one seed")[0]
+    assert max(len(line) for line in table.splitlines()) <= 80
     assert (tmp_path / "compare.png").stat().st_size > 10_000  # both curves, against steps and seconds
 
 
@@ -398,14 +402,14 @@ def test_the_compare_table_leads_with_steps_and_cpu_time_where_the_load_changed(
 
     plain = result("plain", 2.5, 30.0, 43.13, (300, 30.0, 43.13))
     loaded = result("hybrid", 2.6, 41.6, 41.88, (300, 41.6, 41.88))  # 1.388x plain's wall time, at less CPU
-    table = comparison_table(plain, loaded)
+    table = " ".join(comparison_table(plain, loaded).split())  # wrapped to 80 columns: words as read
     said = "the hybrid run took as many steps (step 300), and its loss at equal steps was 4.0% higher; its 39% more "
     assert said + "wall time and 3% less CPU time met another load" in table  # steps and losses lead, times after
     assert "CPU seconds per wall second 1.44 in plain, 1.01 in hybrid" in table and "OMP_NUM_THREADS=1" in table
     loaded.train_cpu_seconds, loaded.load, plain.load = 60.0, (0.2, 2.9), (0.1, 0.2)  # busy alike; the load rose
-    assert "load (1-minute average) rose from 0.1 to 2.9" in comparison_table(plain, loaded)
+    assert "load (1-minute average) rose from 0.1 to 2.9" in " ".join(comparison_table(plain, loaded).split())
     ahead = result("hybrid", 2.4, 20.0, 29.0, (200, 20.0, 29.0))
-    table = comparison_table(plain, ahead)
+    table = " ".join(comparison_table(plain, ahead).split())
     assert "took at least 33% fewer steps (step 200), 33% less wall time and 33% less CPU time" in table
     assert "met another load" not in table and "x " not in table and "times are noisy" in table
     assert [reached_label(540, 0), reached_label(58.5524, 1)] == [
@@ -464,13 +468,13 @@ def test_compare_validates_ten_times_a_run_and_under_a_new_load_its_headline_res
                        "trainer.accelerator=cpu", "hybrid.warmup_steps=3", "hybrid.full_steps=3",
                        "predictor.verify_window=2", "predictor.verify_resolution=0", "model.warmup_steps=2",
                        "+callbacks.load._target_=tests.app_models.LoadDuringHybrid", base=APP_SMALL_GPT))  # fmt: skip
-    result = json.loads((tmp_path / "compare.json").read_text())
+    result, text = json.loads((tmp_path / "compare.json").read_text()), " ".join(caplog.text.split())
     assert [v[0] for v in result["plain"]["validations"]] == list(range(2, 21, 2))  # 10 times inside fit
-    assert result["plain"]["val_seconds"] > 0 and "validation, wall (seconds)" in caplog.text
-    assert re.search(r"validated every 2 steps, 10 times inside each fit on 1 batch, .*: \d+% of training", caplog.text)
+    assert result["plain"]["val_seconds"] > 0 and "validation, wall (seconds)" in text
+    assert re.search(r"validated every 2 steps, 10 times inside each fit on 1 batch, .*: \d+% of training", text)
     assert result["hybrid"]["counts"]["jumps_made"] >= 1  # the halves trained differently: the load is what's said
     said = r"the hybrid run took .*\(step \d+\), and its loss at equal steps was .*; its .* met another load \(CPU"
-    assert re.search(said, caplog.text), caplog.text[-2000:]
+    assert re.search(said, text), text[-2000:]
 
 
 def test_compare_says_two_runs_that_trained_alike_differ_in_time_by_the_machine_and_counts_what_ran():
@@ -504,10 +508,10 @@ def test_the_headline_says_when_the_validations_resolution_limits_it():
     hybrid = RunResult(
         "hybrid", 1.96, 30.3, 30.3, 300, 300, validations=validations, reached_plain_at=(300, 30.3, 30.3)
     )
-    table = comparison_table(plain, hybrid)
+    table = " ".join(comparison_table(plain, hybrid).split())
     assert "the hybrid run took as many steps (step 300)" in table
     assert (
         "as many steps to the validations' resolution: validated every 30 steps, a gain under that cannot show" in table
     )
     assert re.search(r"val loss at equal steps \(step 300\) +2\.0000 +1\.9600 +2\.0% lower", table)
-    assert re.search(r"training time, wall \(seconds\) +as above +as above +1% more", table)  # first there at the end
+    assert "whole fit: steps 300 300 training time, wall (seconds) 30.00 30.30 1% more" in table  # no "as above"

@@ -11,7 +11,7 @@ import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
 
 from lightning_hybrid import DivergenceMonitor, HybridScheduler, ResidualCorrector, hybrid_callbacks
-from tests.helpers import RegressionModel, hybrid_trainer, loader, scheduler_of
+from tests.helpers import RegressionModel, hybrid_trainer, loader, scheduler_of, users_trainer
 
 IGNORED = "belongs to the per-step mode"
 
@@ -234,3 +234,23 @@ def test_the_bar_shows_the_share_skipped_as_of_each_decision_however_the_callbac
     for step, share in decided.items():  # a decision at a step's end shows from the next step's end
         assert shown.get(step + 1, share) == pytest.approx(share)  # logged as a float32 tensor
     assert f"skipped={share}" in str(bar.train_progress_bar.postfix)  # the last decision's, rendered
+
+
+def test_a_fit_with_nothing_left_to_train_says_nothing_and_an_average_of_no_step_claims_nothing(caplog):
+    """A second ``fit`` of the same Trainer, its ``max_steps`` already reached, trains no step: no summary, not the
+    first fit's again. Primal averaging that never started (a fit shorter than its warm-up) says so, and does not
+    claim that validation saw an average."""
+    trainer = users_trainer([HybridScheduler(warmup_steps=5, full_steps=6)], 20)
+    model = RegressionModel()
+    with caplog.at_level(logging.INFO):
+        trainer.fit(model, loader())
+    assert caplog.text.count("hybrid (jumps, outer): 20 steps") == 1
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        trainer.fit(model, loader())  # max_steps reached: nothing to train
+    assert "hybrid" not in caplog.text
+    short = users_trainer([HybridScheduler(predictor="gpa", warmup_steps=50)], 20)
+    with caplog.at_level(logging.INFO):
+        short.fit(RegressionModel(), loader())
+    assert "averaged no step: validation, checkpoints and the end of fit saw the weights trained" in caplog.text
+    assert "see the average" not in caplog.text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, MutableSequence
 from typing import Any
 
 from lightning_hybrid.callbacks.bandit import HorizonBandit
@@ -30,13 +31,44 @@ def hybrid_callbacks(
     return HybridCallbacks([scheduler, *scheduler.components])
 
 
-class HybridCallbacks(list):
-    """What :func:`hybrid_callbacks` returns: a list of callbacks. Put where one callback is expected (a
-    ``_target_`` inside a dict of callbacks, as lightning-hydra-template lists them), its first use says in one line
-    which class is the whole plugin."""
+class HybridCallbacks(MutableSequence):
+    """What :func:`hybrid_callbacks` returns: a sequence of callbacks, used as a list is. Put where one callback is
+    expected (a ``_target_`` inside a dict of callbacks, as lightning-hydra-template lists them), its first use says
+    in one line which class is the whole plugin. Not a ``list``: Hydra would turn one among a Trainer's arguments into
+    a ``ListConfig``, which fails with OmegaConf's own words before this could speak."""
+
+    def __init__(self, callbacks: Iterable[HybridComponent]) -> None:
+        self._callbacks = list(callbacks)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._callbacks[index]
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        self._callbacks[index] = value
+
+    def __delitem__(self, index: Any) -> None:
+        del self._callbacks[index]
+
+    def __len__(self) -> int:
+        return len(self._callbacks)
+
+    def insert(self, index: int, value: Any) -> None:
+        self._callbacks.insert(index, value)
+
+    def __add__(self, other: Iterable[Any]) -> list[Any]:
+        return [*self, *other]
+
+    def __radd__(self, other: Iterable[Any]) -> list[Any]:
+        return [*other, *self]
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == (list(other) if isinstance(other, (list, HybridCallbacks)) else other)
+
+    def __repr__(self) -> str:
+        return f"HybridCallbacks({self._callbacks!r})"
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
+        if name.startswith("__") or name == "_callbacks":
             raise AttributeError(name)
         raise TypeError(
             "lightning_hybrid.hybrid_callbacks returns a list of callbacks, but it stands where one callback is "

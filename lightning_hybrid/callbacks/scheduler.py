@@ -49,10 +49,9 @@ class HybridScheduler(HybridComponent):
     """The plugin, in one callback: runs the default rule's cycles and jumps (``outer``), primal averaging
     (``gpa``) or the per-step mode's Warmup → Full → Predict → Correct cycle, and owns the run's record and summary.
 
-    It brings the components its mode needs (``components``) and holds them, their state in its own; a component
-    of a kind the user lists among the Trainer's callbacks is used instead, and Lightning checkpoints that one. It
-    runs beside the Trainer's strategy, which it only reads; the per-step mode needs a hybrid strategy, and says so
-    at setup.
+    One per Trainer (``hybrid_callbacks()`` holds one). It holds the components its mode needs (``components``), or
+    uses those of a kind listed among the Trainer's callbacks; it runs beside the Trainer's strategy, which it only
+    reads (the per-step mode needs a hybrid strategy, and says so at setup).
 
     Args:
         config: the phase settings, as a :class:`HybridConfig`; or give them as keywords.
@@ -96,8 +95,8 @@ class HybridScheduler(HybridComponent):
         self._hooks = OptimizerHooks(self.engine)  # torch's step hooks on this fit's optimizers
         self._in_step = False
         self._per_batch, self._seen = 1, 0  # optimizers stepping each batch; the global step last seen
-        # this fit has said that a checkpoint holds unverified weights; that one will not resume exactly
-        self._said_unverified = self._said_unresumable = False
+        # this fit said that a checkpoint holds unverified weights, that one will not resume exactly; it trains at all
+        self._said_unverified = self._said_unresumable = self._trains = False
 
     @property
     def phase(self) -> Phase:
@@ -116,7 +115,7 @@ class HybridScheduler(HybridComponent):
         if stage != "fit":
             return
         self._release()  # what a fit whose exception never reached this callback left
-        self._said_unverified = self._said_unresumable = False
+        self._said_unverified = self._said_unresumable = self._trains = False
         parts = fit_parts(trainer, pl_module, self)
         self.predictor, self.monitor, self.bandit = parts.host, parts.monitor, parts.bandit
         self._listed, self._sharded = parts.listed, parts.sharded
@@ -129,10 +128,11 @@ class HybridScheduler(HybridComponent):
         self._hooks.remove()
         if self._routing is not None:
             self._routing.attach_step_handler(None)
-        self._routing = None
+            self._routing = None
 
     @override
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self._trains = True  # a fit with nothing left to train (its max_steps reached) never gets here
         if not any(optimizer.param_groups for optimizer in trainer.optimizers):  # Lightning's stand-in has none
             # plain Lightning trains without an optimizer, with a warning; so does this run
             warn("hybrid: `configure_optimizers` returned no optimizer: the plugin steps aside (plain Lightning).")
@@ -252,7 +252,7 @@ class HybridScheduler(HybridComponent):
     @override
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         summary = self.summary(trainer)
-        if summary["steps_total"] == 0 and "stepped_aside" not in summary:  # `max_epochs=0`, or no optimizer
+        if not self._trains or (summary["steps_total"] == 0 and "stepped_aside" not in summary):  # no optimizer
             return
         write_summary(trainer, summary, self.summary_dir, self.summary_filename)
         info(self.report(summary))

@@ -115,6 +115,8 @@ class PrimalAverages(PredictionFamily):
 
     def report(self, summary: dict[str, Any]) -> list[str]:
         settings = summary["settings"]
+        if not summary["averaged_steps"]:
+            return ["hybrid: averaged no step: validation, checkpoints and the end of fit saw the weights trained"]
         return [
             f"hybrid: averaged {counted(summary['averaged_steps'], 'step')} (mu_x={settings['mu_x']}, "
             f"mu_y={settings['mu_y']}); validation, checkpoints and the end of fit see the average"

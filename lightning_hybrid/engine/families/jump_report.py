@@ -91,13 +91,16 @@ class JumpReport:
         settings = summary["settings"]
         if not settings["enable_prediction"]:
             return ["hybrid: jumps switched off (enable_prediction=False): plain training with the plugin's checks"]
-        made, undone, at_end = summary["jumps_made"], summary["jumps_undone"], summary["jumps_undone_at_end"]
+        made, undone = summary["jumps_made"], summary["jumps_undone"]
         judged = "none judged (verify_window=0)"
         if settings["verify_window"]:
             judged = f"{summary['jumps_kept']} kept, {undone} undone"
         line = f"hybrid: {counted(made, 'jump')} made, {judged}"
-        if at_end:
-            line += f" ({at_end} at the end of fit, before its verdict)"
+        by = summary["undone_by"]
+        reasons = {"verdict": "by the verdict", "divergence": "at once, diverging", "end_of_fit": "at the end of fit"}
+        why = [f"{by[key]} {words}" for key, words in reasons.items() if by.get(key)]
+        if why:  # each undo is counted here, not said as it happens: the verdict at work is not news
+            line += f" ({', '.join(why)})"
         without = {"momentum_restarts": "restarted the momentum instead", "blind_cycles": "too noisy to judge a jump"}
         without["rising_lr_cycles"] = "on a rising learning rate"
         said = [f"{counted(summary[key], 'cycle')} {what}" for key, what in without.items() if summary[key]]

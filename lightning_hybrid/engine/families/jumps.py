@@ -246,8 +246,7 @@ class OuterJumps(JumpReport, PredictionFamily):
         counters = e.record.counters
         counters.rollbacks += 1
         counters.jumps_rejected += 1
-        e.count_failure()
-        e.info(f"hybrid: rolled back an outer-momentum jump ({reason})")
+        e.count_failure()  # an undo is the verdict at work, not news: the summary counts each by reason
 
     # -- between steps -------------------------------------------------------------------------------------------
     @property
