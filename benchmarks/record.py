@@ -1,7 +1,8 @@
-"""The record's tables and counts, written from the result files: every region of the README and the performance
-record between ``<!-- record: NAME -->`` and ``<!-- /record -->`` is the output of NAME's generator below; the prose
-around the regions is the authors'. A test checks that every table of both files lies in a region and that the
-regions are what the result files give.
+"""The record's tables and counts, written from the result files (and the settings reference's tables, from the
+settings' declarations: ``settings_reference``): every region of the documents below between
+``<!-- record: NAME -->`` and ``<!-- /record -->`` is the output of NAME's generator; the prose around the regions is
+the authors'. A test checks that every table of the performance record lies in a region and that the regions are
+what the files give.
 
     python -m benchmarks.record           # rewrite the regions
     python -m benchmarks.record --check   # list the regions that differ from what the result files give
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks import footprint, gpu, lrs, scale
+from benchmarks import footprint, gpu, lrs, scale, settings_reference
 from benchmarks.report import median_over_seeds, seeds_cell
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,6 +28,7 @@ DOCUMENTS = (
     ROOT / "docs" / "how-it-works.md",
     ROOT / "benchmarks" / "results" / "footprint" / "README.md",
     ROOT / "benchmarks" / "results" / "lightning_tests" / "README.md",
+    ROOT / "docs" / "settings.md",
 )
 REGION = re.compile(r"(<!-- record: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /record -->)", re.S)
 DEFAULT = "outer_norm_restart_res"  # the default's configuration name in the learning-rate grid's files
@@ -424,7 +426,7 @@ def lightning_tests_detail() -> str:
         f"{_names(runs['fail_with_any_callback'])} compare the Trainer's exact callback list), and "
         f"{len(runs['fail_with_the_plugin_only'])} ({_names(runs['fail_with_the_plugin_only'])}) want each logging "
         "step's calls to the logger to be Lightning's alone: the plugin calls each logger itself, as "
-        "`LearningRateMonitor` does (see \"What you see\")."
+        '`LearningRateMonitor` does (see "What you see").'
     )
     return textwrap.fill(text, 118, break_on_hyphens=False, break_long_words=False) + "\n"
 
@@ -458,6 +460,7 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "lrs-pairs": lrs_pairs,
     "lrs-configs": lrs_configs,
     "lrs-peers": lrs_peers,
+    **settings_reference.GENERATORS,
 }
 
 

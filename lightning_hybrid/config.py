@@ -2,91 +2,116 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
-from lightning_hybrid.validation import check_bool, check_choice, check_float, check_int
-
-PREDICT_MEMORY = ("none", "offload", "aggressive")
-PREDICT_PRECISION = ("32", "bf16")
-CAPTURE_BUFFER = ("per_step", "kept")
+from lightning_hybrid.settings import (
+    CYCLES,
+    EVERY_MODE,
+    PER_STEP,
+    Bool,
+    Choice,
+    Float,
+    Int,
+    Settings,
+    check_int,
+    setting,
+)
 
 
 @dataclass
-class HybridConfig:
-    """How long each phase lasts and when prediction is allowed.
+class HybridConfig(Settings):
+    """How long each phase lasts and when prediction is allowed; ``docs/settings.md`` tells each setting."""
 
-    Args:
-        warmup_steps: ordinary steps at the start of training that only collect statistics.
-        full_steps: ordinary steps per cycle during which the predictor learns before a Predict segment.
-        max_predict_steps: longest Predict segment (horizon) in optimizer steps.
-        confidence_threshold: the predictor's confidence, in ``[0, 1]``, needed to enter Predict.
-        predict_forward_every: run a ``no_grad`` forward pass every this many predicted steps to feed the
-            divergence monitor; ``0`` never does (the first Correct step still verifies the segment).
-        correction_steps: ordinary steps after each Predict segment; the first one verifies the segment.
-        max_consecutive_rollbacks: after this many rollbacks in a row prediction is switched off for the run.
-        backoff_after: after this many Full cycles in a row end without a segment (low confidence, the bandit's
-            "don't predict" arm, an invalid plan), stop capturing updates and feeding the predictor for
-            ``full_steps`` steps, then observe one Full cycle again; each further declined cycle backs off for
-            twice as long, up to 32 times, until a segment is accepted. ``0`` never backs off.
-            Backed off, an ordinary step costs little more than plain training.
-        predict_lr_fraction: Predict segments start only while every optimizer group's learning rate is at most
-            this fraction of the highest it has reached in this run, in ``(0, 1]``; until then ordinary steps are
-            backed off. Predicted updates extrapolate recent ones, which holds only once a decaying learning rate
-            has made the steps small (in this project's benchmarks prediction at the full learning rate always
-            cost quality); with a constant learning rate a fraction below 1 never predicts. ``1.0`` predicts at
-            any learning rate.
-        enable_prediction: ``False`` runs the plugin as plain training with its checks and logging, and never
-            captures updates.
-        predict_memory: what Predict segments free. ``"none"``: nothing. ``"offload"``: gradients are freed and
-            the optimizer state moves to (pinned) host memory when a segment starts, and is copied back
-            asynchronously when it ends, in time for the next optimizer update. ``"aggressive"``: also keeps the
-            rollback snapshot in host memory, releasing the device's update buffer during the segment.
-        observe_every: while tracking, capture the update of one ordinary step in this many and teach it to the
-            predictor; the others feed only the loss trend. Tracking one update costs a few passes over the
-            parameters (the capture's copy and subtraction, the predictor's average and norms), so observing one
-            step in ``k`` divides that cost by ``k``; the predictor's average update is then an average over the
-            observed steps, and it needs ``k`` times as many steps to see ``min_observations`` updates.
-        capture_buffer: when the parameter-sized buffer that captures an ordinary step's update (and holds a
-            segment's rollback snapshot) exists. ``"per_step"``: only while a step captures its update and while a
-            segment awaits its verdict, so between them ``linear`` holds one parameter copy (its average update);
-            the allocation each captured step is reused memory on CUDA (the caching allocator) and measured no
-            slower on CPU. ``"kept"``: for the whole run. ``outer`` always keeps it (its anchor).
-        predict_precision: ``"32"`` runs Predict forward checks in the Trainer's precision; ``"bf16"`` runs them
-            under bf16 autocast whatever the Trainer's precision. Updates are applied in the parameters' dtype.
-    """
-
-    warmup_steps: int = 100
-    full_steps: int = 20
-    max_predict_steps: int = 10
-    confidence_threshold: float = 0.5
-    predict_forward_every: int = 1
-    correction_steps: int = 5
-    max_consecutive_rollbacks: int = 5
-    backoff_after: int = 3
-    predict_lr_fraction: float = 0.4
-    enable_prediction: bool = True
-    predict_memory: str = "none"
-    predict_precision: str = "32"
-    observe_every: int = 1
-    capture_buffer: str = "per_step"
+    warmup_steps: int = setting(100, "ordinary steps before the first cycle", Int(0), reads=EVERY_MODE)
+    full_steps: int = setting(
+        20,
+        "ordinary steps per cycle: between jumps (K), before a Predict segment is considered",
+        Int(1),
+        reads=CYCLES,
+    )
+    max_predict_steps: int = setting(
+        10, "longest Predict segment, in optimizer steps (≥ 1 with prediction enabled)", Int(0), reads=PER_STEP
+    )
+    confidence_threshold: float = setting(
+        0.5, "the predictor's confidence needed to enter Predict", Float(0.0, 1.0), reads=PER_STEP
+    )
+    predict_forward_every: int = setting(
+        1,
+        "a `no_grad` forward check every this many predicted steps, feeding the divergence monitor; 0: never (the "
+        "first Correct step still verifies the segment)",
+        Int(0),
+        reads=PER_STEP,
+    )
+    correction_steps: int = setting(
+        5, "ordinary steps after each segment; the first verifies it", Int(1), reads=PER_STEP
+    )
+    max_consecutive_rollbacks: int = setting(
+        5,
+        "failed predictions in a row (rolled-back segments, invalid plans, rejected jumps) before prediction is "
+        "switched off for the run",
+        Int(1),
+        reads=CYCLES,
+    )
+    backoff_after: int = setting(
+        3,
+        "Full cycles in a row without a segment before the plugin stops capturing updates and training the "
+        "predictor for `full_steps` steps; after a pause one declined cycle starts the next, twice as long (up to "
+        "32 times), until a segment is accepted; 0: never. Backed off, a step costs little more than plain training",
+        Int(0),
+        reads=PER_STEP,
+    )
+    predict_lr_fraction: float = setting(
+        0.4,
+        "start Predict segments only while every optimizer group's learning rate is at most this fraction of the "
+        "highest it has reached in the run; until then ordinary steps are backed off. Predicted updates "
+        "extrapolate recent ones, which holds only once a decaying learning rate has made the steps small (at "
+        "the full rate prediction always cost quality in the benchmarks); with a constant learning rate a fraction "
+        "below 1 never predicts, 1.0 predicts at any rate",
+        Float(0.0, 1.0, open_low=True),
+        reads=PER_STEP,
+    )
+    enable_prediction: bool = setting(
+        True,
+        "`False` runs the plugin as plain training with its checks and logging, never capturing updates (no jump, "
+        "no average, no segment)",
+        Bool(),
+        reads=EVERY_MODE,
+    )
+    predict_memory: str = setting(
+        "none",
+        "what Predict segments free: `none`; `offload` (gradients freed, optimizer state to pinned host memory, "
+        "copied back asynchronously before the next update); `aggressive` (also the rollback snapshot on the "
+        "host). See [Memory](how-it-works.md#memory)",
+        Choice(("none", "offload", "aggressive")),
+        reads=PER_STEP,
+    )
+    predict_precision: str = setting(
+        "32",
+        "`bf16` runs Predict forward checks under bf16 autocast whatever the Trainer's precision; updates stay in "
+        "the parameters' dtype",
+        Choice(("32", "bf16")),
+        reads=PER_STEP,
+    )
+    observe_every: int = setting(
+        1,
+        "while tracking, capture and learn from one ordinary step's update in this many; the others feed only the "
+        "loss trend. Divides the tracking cost (a few passes over the parameters per observed step) by this; the "
+        "predictor needs this many times more steps to be ready",
+        Int(1),
+        reads=PER_STEP,
+    )
+    capture_buffer: str = setting(
+        "per_step",
+        "when the parameter-sized buffer that captures an update (and holds a segment's rollback snapshot) exists: "
+        "`per_step` only while a step captures its update or a segment awaits its verdict, so between steps "
+        "outside Predict `linear` holds one parameter copy (its average update); `kept` for the whole run. Runs "
+        "are bitwise the same either way. `outer` always keeps it (its anchor). See "
+        "[Memory](how-it-works.md#memory)",
+        Choice(("per_step", "kept")),
+        reads=PER_STEP,
+    )
 
     def __post_init__(self) -> None:
-        owner = "HybridConfig"
-        check_int(owner, "warmup_steps", self.warmup_steps)
-        check_int(owner, "full_steps", self.full_steps, 1)
-        check_int(owner, "max_predict_steps", self.max_predict_steps, 1 if self.enable_prediction else 0)
-        check_float(owner, "confidence_threshold", self.confidence_threshold, 0.0, 1.0)
-        check_int(owner, "predict_forward_every", self.predict_forward_every)
-        check_int(owner, "correction_steps", self.correction_steps, 1)
-        check_int(owner, "max_consecutive_rollbacks", self.max_consecutive_rollbacks, 1)
-        check_int(owner, "backoff_after", self.backoff_after)
-        check_float(owner, "predict_lr_fraction", self.predict_lr_fraction, 0.0, 1.0, open_low=True)
-        check_bool(owner, "enable_prediction", self.enable_prediction)
-        check_choice(owner, "predict_memory", self.predict_memory, PREDICT_MEMORY)
-        check_choice(owner, "predict_precision", self.predict_precision, PREDICT_PRECISION)
-        check_int(owner, "observe_every", self.observe_every, 1)
-        check_choice(owner, "capture_buffer", self.capture_buffer, CAPTURE_BUFFER)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        super().__post_init__()
+        if self.enable_prediction:  # a segment of no step is no segment
+            check_int("HybridConfig", "max_predict_steps", self.max_predict_steps, 1)

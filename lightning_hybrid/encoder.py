@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
+from lightning_hybrid.settings import check_float, check_int
 from lightning_hybrid.stats import LossTrend
-from lightning_hybrid.validation import check_float, check_int
 
 GLOBAL_FEATURES = (
     "loss",
@@ -61,7 +61,7 @@ class StateEncoder:
         owner = "StateEncoder"
         self.dim = check_int(owner, "dim", dim, MIN_DIM)
         self.window = check_int(owner, "window", window, 3)
-        self.stats_decay = check_float(owner, "stats_decay", stats_decay, 0.0, 1.0 - 1e-12)
+        self.stats_decay = check_float(owner, "stats_decay", stats_decay, 0.0, 1.0, open_high=True)
         self.clip = check_float(owner, "clip", clip, 0.0, open_low=True)
         self.max_groups = (dim - len(GLOBAL_FEATURES)) // len(GROUP_FEATURES)
         self._trend = LossTrend(window)

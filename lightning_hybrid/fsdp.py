@@ -26,6 +26,7 @@ from lightning_hybrid.step_routing import StepRouting
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
+
 class FullyShardedStrategy(ModelParallelStrategy):
     """FSDP2 for an unchanged LightningModule (``strategy="plain_fsdp"``): the plain-Lightning parent of
     :class:`HybridFSDPStrategy`, and the baseline the app and the harness compare it with.

@@ -59,4 +59,3 @@ if not CALLBACK_BASES:
 class MisconfigurationException(*classes("fabric.utilities.exceptions", "MisconfigurationException")):
     """A setting, strategy or module the plugin cannot run with, said before training; either package's
     ``MisconfigurationException`` catches it."""
-

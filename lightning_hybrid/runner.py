@@ -22,10 +22,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from lightning_hybrid.callbacks import find_scheduler
 from lightning_hybrid.comparison import COUNTS, RunResult, comparison_table, plot_comparison
+from lightning_hybrid.hydra_settings import changed_settings
 from lightning_hybrid.meter import RunMeter
 from lightning_hybrid.resume import LAST, Unreadable, check_checkpoint, find_checkpoint, the_one_before
-from lightning_hybrid.schema import changed_settings
-from lightning_hybrid.validation import check_choice
+from lightning_hybrid.settings import check_choice
 
 MODES = ("train", "plain", "compare")
 PLAIN_STRATEGY = {"hybrid": "auto", "hybrid_ddp": "ddp", "hybrid_fsdp": "plain_fsdp"}  # each one's plain parent
@@ -72,7 +72,8 @@ def build_run(cfg: DictConfig, hybrid: bool, extra_callbacks: Sequence[L.Callbac
     if hybrid:  # the hybrid settings the user set: the app's defaults are not the user's (none is warned about)
         settings = OmegaConf.to_container(cfg.hybrid, resolve=True)
         target = settings.pop("_target_")
-        callbacks += _build({"_target_": target, **changed_settings(settings)}, predictor=_build(cfg.predictor))
+        predictor = OmegaConf.to_container(cfg.predictor, resolve=True)  # built by Hydra as the plugin's argument
+        callbacks += _build({"_target_": target, **changed_settings(settings), "predictor": predictor})
     logger = _build(cfg.logger, version=label) if cfg.get("logger") else False
     trainer = _build(
         cfg.trainer,

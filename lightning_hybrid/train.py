@@ -24,9 +24,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from lightning_hybrid.overrides import CONFIG_MODULE, misplaced
+from lightning_hybrid.hydra_settings import CONFIG_MODULE, misplaced, read_by_its_mode, register_configs
 from lightning_hybrid.runner import SettingError, run
-from lightning_hybrid.schema import read_by_its_mode, register_configs
 
 HYDRAS_FILES = (".hydra", "train.log")  # what Hydra writes into a run's folder before the run starts
 
@@ -50,8 +49,8 @@ def _app(cfg: DictConfig) -> float | None:
 
 def _dump_what_the_mode_reads(cfg: DictConfig) -> None:
     """Hydra's ``config.yaml`` of the run, with only the ``hybrid`` settings its mode reads
-    (:func:`~lightning_hybrid.schema.read_by_its_mode`); a config whose predictor names no registered family stays
-    whole."""
+    (:func:`~lightning_hybrid.hydra_settings.read_by_its_mode`); a config whose predictor names no registered family
+    stays whole."""
     hydra_cfg = HydraConfig.get()
     if hydra_cfg.output_subdir is None:
         return

@@ -14,9 +14,9 @@ from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from lightning_hybrid import DivergenceMonitor, DynamicsPredictor, HorizonBandit, HybridScheduler, hybrid_callbacks
+from lightning_hybrid.hydra_settings import PREDICTOR_SETTINGS, HybridSettings, setting_names
 from lightning_hybrid.predictors import PREDICTORS, OuterMomentum
 from lightning_hybrid.runner import _build, run
-from lightning_hybrid.schema import PREDICTOR_SETTINGS, HybridSettings, setting_names
 from lightning_hybrid.train import CONFIG_MODULE
 from tests.helpers import APP_PHASES, APP_SMALL_GPT, APP_STEPS, APP_TRAINER, ROOT, app_config, console
 
@@ -119,7 +119,7 @@ def test_the_defaults_are_the_measured_rule_in_python_and_in_the_app_and_overrid
     default = app_config(tmp_path, base=[])
     assert default == app_config(tmp_path, "predictor=outer", base=[])
     _measured(hybrid_callbacks())
-    _measured(_build(default.hybrid, predictor=_build(default.predictor)))
+    _measured(_build(default.hybrid, predictor=default.predictor))
     plain_outer = app_config(
         tmp_path, "predictor.keep_norms=false", "predictor.restart=false", "predictor.verify_resolution=0", base=[]
     )
@@ -201,9 +201,9 @@ def test_an_out_of_range_value_fails_with_the_components_error_before_training(t
 
 def test_cli_overrides_reach_the_objects(tmp_path):
     cfg = app_config(tmp_path, "predictor=rssm", "predictor.ensemble=2", "hybrid.max_predict_steps=20")
-    predictor = _build(cfg.predictor)
-    callbacks = _build(cfg.hybrid, predictor=predictor)
+    callbacks = _build(cfg.hybrid, predictor=cfg.predictor)  # Hydra builds the predictor from its config
     scheduler = next(cb for cb in callbacks if isinstance(cb, HybridScheduler))
+    predictor = scheduler.components[0].predictor
     assert scheduler.config.max_predict_steps == 20
     assert type(predictor).__name__ == "RSSMPredictor" and predictor.ensemble == 2
     assert _build(cfg.data).hparams.batch_size == 32
@@ -212,7 +212,7 @@ def test_cli_overrides_reach_the_objects(tmp_path):
 def test_default_hybrid_config_matches_the_python_defaults(tmp_path):
     with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
         cfg = compose("train")
-    callbacks = _build(cfg.hybrid, predictor=_build(cfg.predictor))
+    callbacks = _build(cfg.hybrid, predictor=cfg.predictor)
     scheduler = next(cb for cb in callbacks if isinstance(cb, HybridScheduler))
     reference = hybrid_callbacks()
     assert scheduler.config == next(cb for cb in reference if isinstance(cb, HybridScheduler)).config
@@ -438,7 +438,7 @@ def test_the_readmes_per_step_command_makes_predict_segments_and_says_why_it_bac
 def test_a_misspelt_group_option_names_the_groups_options_and_yours_in_a_config_dir(tmp_path):
     """A closed choice of the app's groups, checked before Hydra (which would list its structured schemas among
     them): the closest named; an option of the user's own ``--config-dir`` is one."""
-    from lightning_hybrid.overrides import misplaced
+    from lightning_hybrid.hydra_settings import misplaced
 
     said = misplaced(["hybrid=agressive"])
     assert said.endswith("the hybrid group: one of aggressive, conservative, default; did you mean `aggressive`?")

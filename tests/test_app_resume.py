@@ -15,8 +15,8 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from lightning_hybrid.hydra_settings import share
 from lightning_hybrid.runner import run
-from lightning_hybrid.schema import share
 from tests.helpers import APP_PHASES, APP_SMALL_GPT, APP_TRAINER, app_config, console
 
 STEPS = 24

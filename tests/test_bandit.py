@@ -12,7 +12,7 @@ from tests.helpers import RegressionModel, flat_params, loader
 def test_arms_are_capped_and_include_zero_and_the_maximum():
     bandit = LinUCBHorizons(arms=(2, 4, 8, 16))
     bandit.setup_arms(10, 4)
-    assert bandit.arms == [0, 2, 4, 8, 10]
+    assert bandit.horizons == [0, 2, 4, 8, 10]
 
 
 def test_regret_falls_on_a_synthetic_contextual_bandit():
@@ -44,7 +44,7 @@ def test_reward_compares_progress_with_ordinary_steps():
         bandit.record_step(predicted=False, seconds=0.0, loss=loss, correcting=True)
     # progress 0.1 between window centres 8 * 0.25 + 2 + (5 - 2) / 2 = 5.5 ordinary steps apart (worth 0.055)
     assert abs(bandit.finish() - (0.1 - 0.055) / 0.055) < 1e-9
-    assert bandit.arms == [0, 2, 4, 8] and bandit.counts == [0, 1, 0, 0]
+    assert bandit.horizons == [0, 2, 4, 8] and bandit.counts == [0, 1, 0, 0]
 
 
 class Useless(LinearPredictor):

@@ -20,7 +20,6 @@ LAYERS = [
     (
         "core",
         (
-            "validation",
             "settings",
             "phase",
             "stats",
@@ -38,7 +37,7 @@ LAYERS = [
     ("engine", ("engine",)),
     ("strategy", ("samplers", "step_routing", "strategy", "fsdp", "registry")),
     ("callbacks", ("callbacks", "meter")),
-    ("app", ("schema", "overrides", "comparison", "runner", "resume", "train", "demos", "__init__")),
+    ("app", ("hydra_settings", "comparison", "runner", "resume", "train", "demos", "__init__")),
 ]
 
 

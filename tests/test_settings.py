@@ -1,6 +1,7 @@
 """Bad settings fail at construction with the field, the value and what is allowed."""
 
 import warnings
+from dataclasses import dataclass
 
 import pytest
 
@@ -13,6 +14,7 @@ from lightning_hybrid import (
     hybrid_callbacks,
 )
 from lightning_hybrid.predictors import LinearPredictor, OuterMomentum
+from lightning_hybrid.settings import Float, setting
 
 
 @pytest.mark.parametrize(
@@ -108,11 +110,10 @@ def test_the_other_modes_settings_are_checked_and_warned_about_never_refused():
 def test_a_setting_two_components_share_is_refused(monkeypatch):
     from lightning_hybrid import predictors
 
+    @dataclass(eq=False)
     class Clashing(LinearPredictor):
         name = "clashing"
-
-        def __init__(self, z_threshold: float = 1.0) -> None:
-            super().__init__()
+        z_threshold: float = setting(1.0, "a name the monitor's setting has too", Float(0.0))
 
     monkeypatch.setitem(predictors.PREDICTORS, "clashing", Clashing)
     with pytest.raises(TypeError, match="`z_threshold` is ambiguous"):
@@ -186,3 +187,57 @@ def test_a_window_set_longer_than_the_cycle_set_with_it_is_refused_before_traini
     with pytest.raises(MisconfigurationException, match=r"`verify_window` must be at most full_steps \(5\).*got 6"):
         trainer.fit(RegressionModel(), loader())
     assert trainer.global_step == 0
+
+
+def _every_owner() -> list[type]:
+    from lightning_hybrid.callbacks.setting_owners import SETTING_OWNERS
+    from lightning_hybrid.predictors import PREDICTORS
+
+    return [*SETTING_OWNERS.values(), *PREDICTORS.values()]
+
+
+def test_each_setting_is_declared_once_with_a_description_and_a_default_its_check_takes():
+    """A setting's one declaration holds everything the surfaces read: a description, and a default that passes its
+    own check. A name is declared in one place (a subclass inherits it, or takes another default with the same
+    description), except ``fused``: each rule's kernels, set on that rule."""
+    from lightning_hybrid.settings import declared
+
+    descriptions: dict[str, set[str]] = {}
+    for cls in _every_owner():
+        for s in declared(cls):
+            assert s.doc and not s.doc.endswith("."), (cls.__name__, s.name)
+            assert s.check(cls.__name__, s.name, s.default) == s.default, (cls.__name__, s.name)
+            descriptions.setdefault(s.name, set()).add(s.doc)
+    assert {name for name, docs in descriptions.items() if len(docs) > 1} == {"fused"}
+
+
+def test_the_families_read_what_the_declarations_say():
+    from lightning_hybrid.engine import FAMILIES
+
+    assert FAMILIES["jumps"].phase_settings == (
+        "warmup_steps",
+        "full_steps",
+        "max_consecutive_rollbacks",
+        "enable_prediction",
+    )
+    assert FAMILIES["jumps"].monitor_settings == ("z_threshold", "stats_decay", "grad_outlier_factor")
+    assert FAMILIES["averaging"].phase_settings == ("warmup_steps", "enable_prediction")
+    assert FAMILIES["averaging"].monitor_settings == ("grad_outlier_factor",)
+    assert len(FAMILIES["segments"].phase_settings) == 14 and len(FAMILIES["segments"].monitor_settings) == 5
+
+
+def test_a_predictor_hydra_made_into_a_config_is_named_as_such():
+    """Hydra turns a dataclass passed to ``instantiate`` as a keyword into a config; the predictors are dataclasses,
+    so the plugin says what happened instead of failing on a config's missing attribute."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    with pytest.raises(
+        InstantiationException, match=r"`predictor` must be a registered name .* got a DictConfig: a config"
+    ):
+        instantiate({"_target_": "lightning_hybrid.HybridScheduler"}, predictor=OuterMomentum())
+    built = instantiate({"_target_": "lightning_hybrid.HybridScheduler", "predictor": {"_target_": OUTER}})
+    assert isinstance(built.components[0].predictor, OuterMomentum)  # the config nested: Hydra builds it
+
+
+OUTER = "lightning_hybrid.predictors.OuterMomentum"

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
+from lightning_hybrid.settings import CYCLES, EVERY_MODE, PER_STEP, Float, Int, Settings, setting
 from lightning_hybrid.stats import EmaStats
-from lightning_hybrid.validation import check_float, check_int
 
 REASONS = ("nonfinite", "bound", "zscore", "oscillation", "delayed")
 
 
-class DivergenceCheck:
+@dataclass(eq=False)
+class DivergenceCheck(Settings):
     """Watches losses measured at predicted weights and names the first divergence signal it sees.
 
     Signals, in order: a NaN/Inf loss; a loss above the predictor's upper bound; a loss whose z-score against the
@@ -24,35 +26,46 @@ class DivergenceCheck:
     A jump of the default rule (``outer``) is judged twice: on the first ordinary step after it, only for divergence
     (a non-finite loss or a z-score above ``z_threshold``), and at the end of the next cycle by the delayed verdict,
     whose settings are the rule's (:class:`~lightning_hybrid.predictors.OuterMomentum`); both are counted here.
-
-    Args:
-        z_threshold: largest tolerated z-score of a predicted-step loss (> 0).
-        oscillation_window: number of alternating loss changes that count as oscillation; 0 disables the signal.
-        oscillation_sigmas: size, in loss standard deviations, a change must have to count towards oscillation.
-        stats_decay: memory of the moving loss and gradient-norm statistics, in ``[0, 1)``.
-        grad_outlier_factor: an ordinary step whose gradient norm exceeds this many times the running mean (once
-            10 steps are known) is skipped, so one exploding gradient cannot wreck the optimizer's moments;
-            0 disables the check.
     """
 
-    def __init__(
-        self,
-        z_threshold: float = 4.0,
-        oscillation_window: int = 4,
-        oscillation_sigmas: float = 1.5,
-        stats_decay: float = 0.98,
-        grad_outlier_factor: float = 100.0,
-    ) -> None:
-        owner = "DivergenceMonitor"  # the name users configure it by
-        self.z_threshold = check_float(owner, "z_threshold", z_threshold, 0.0, open_low=True)
-        self.oscillation_window = check_int(owner, "oscillation_window", oscillation_window, 0)
-        self.oscillation_sigmas = check_float(owner, "oscillation_sigmas", oscillation_sigmas, 0.0)
-        self.stats_decay = check_float(owner, "stats_decay", stats_decay, 0.0, 1.0 - 1e-12)
-        self.grad_outlier_factor = check_float(owner, "grad_outlier_factor", grad_outlier_factor, 0.0)
-        self.loss_stats = EmaStats(stats_decay)
-        self.grad_norm_stats = EmaStats(stats_decay)
+    owner = "DivergenceMonitor"  # the name users configure it by
+
+    z_threshold: float = setting(
+        4.0,
+        "largest tolerated z-score of a loss against the run's statistics: beyond it a predicted step ends its "
+        "segment, and the step after a jump undoes the jump at once",
+        Float(0.0, open_low=True),
+        reads=CYCLES,
+    )
+    oscillation_window: int = setting(
+        4,
+        "alternating loss changes inside a segment that count as oscillation; 0 disables the signal",
+        Int(0),
+        reads=PER_STEP,
+    )
+    oscillation_sigmas: float = setting(
+        1.5, "size, in loss deviations, of a change that counts towards oscillation", Float(0.0), reads=PER_STEP
+    )
+    stats_decay: float = setting(
+        0.98,
+        "memory of the moving loss and gradient-norm statistics",
+        Float(0.0, 1.0, open_high=True),
+        reads=CYCLES,
+    )
+    grad_outlier_factor: float = setting(
+        100.0,
+        "an ordinary step whose gradient norm exceeds this many times the running mean (once 10 steps are known) is "
+        "skipped, so one exploding gradient cannot wreck the optimizer's moments; 0 disables the check",
+        Float(0.0),
+        reads=EVERY_MODE,
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.loss_stats = EmaStats(self.stats_decay)
+        self.grad_norm_stats = EmaStats(self.stats_decay)
         self.events = {reason: 0 for reason in REASONS}
-        self._segment: deque[float] = deque(maxlen=oscillation_window + 1)
+        self._segment: deque[float] = deque(maxlen=self.oscillation_window + 1)
 
     def observe(self, loss: float, grad_norm: float) -> None:
         """Feed a warmup/full step's loss and gradient norm into the reference statistics."""

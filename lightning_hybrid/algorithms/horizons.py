@@ -6,13 +6,13 @@ from __future__ import annotations
 import math
 import warnings
 from collections import deque
-from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from lightning_hybrid.validation import check_choice, check_float, check_int
+from lightning_hybrid.settings import Choice, Float, Int, Ints, Settings, setting
 
 WALL_COST = (
     "HorizonBandit: cost='wall' charges each step its measured seconds, so which horizons are played, and the "
@@ -21,7 +21,8 @@ WALL_COST = (
 )
 
 
-class LinUCBHorizons:
+@dataclass(eq=False)
+class LinUCBHorizons(Settings):
     """Chooses how many steps to predict after each Full cycle, learning from the progress it buys.
 
     A contextual bandit (LinUCB, one ridge regression per arm on the state features plus a bias) over horizon
@@ -33,68 +34,55 @@ class LinUCBHorizons:
     ``(progress - rate * cost) / (|rate| * cost + noise)``, where ``noise`` is the uncertainty of the measured
     mean loss; clipped to ``±reward_clip``. A rolled-back segment earns ``rollback_penalty``. When prediction does
     not pay, arm 0 wins and training backs off to plain steps.
-
-    Args:
-        arms: candidate horizons; those above ``max_predict_steps`` are dropped, ``max_predict_steps`` and 0
-            are always arms.
-        alpha: width of the upper confidence bound (exploration).
-        ridge: ridge regularisation of each arm's regression (> 0).
-        rollback_penalty: reward of a rolled-back segment (<= 0).
-        reward_clip: bound on the magnitude of a reward (> 0).
-        cost: ``"steps"`` (the default) counts an ordinary step as 1 and a predicted one as ``predict_cost``, so the
-            same run makes the same choices on any machine under any load, and resumes exactly. ``"wall"`` charges
-            each step its measured seconds: the choices, and so the weights, then depend on how busy the machine
-            is (warned about when chosen).
-        predict_cost: cost of a predicted step relative to an ordinary one, for ``cost="steps"``.
-        baseline_window: Full-step losses averaged for the loss before a segment.
-        exploration_plays: plays of each Predict arm scored optimistically (upper bound); after them an arm is
-            played only while the *lower* confidence bound of its reward is above 0, so prediction has to prove
-            that it pays before it keeps replacing ordinary steps.
     """
 
-    def __init__(
-        self,
-        arms: Sequence[int] = (0, 2, 4, 8, 16, 32),
-        alpha: float = 1.5,
-        ridge: float = 1.0,
-        rollback_penalty: float = -3.0,
-        reward_clip: float = 3.0,
-        cost: str = "steps",
-        predict_cost: float = 0.3,
-        baseline_window: int = 5,
-        exploration_plays: int = 2,
-    ) -> None:
-        owner = "HorizonBandit"  # the name users configure it by
-        if not arms or any(isinstance(a, bool) or not isinstance(a, int) or a < 0 for a in arms):
-            raise ValueError(f"{owner}: `arms` must be a non-empty list of integers >= 0, got {arms!r}")
-        self.arms_requested = tuple(arms)
-        self.alpha = check_float(owner, "alpha", alpha, 0.0)
-        self.ridge = check_float(owner, "ridge", ridge, 0.0, open_low=True)
-        self.rollback_penalty = check_float(owner, "rollback_penalty", rollback_penalty, -math.inf, 0.0)
-        self.reward_clip = check_float(owner, "reward_clip", reward_clip, 0.0, open_low=True)
-        self.cost = check_choice(owner, "cost", cost, ("steps", "wall"))
+    owner = "HorizonBandit"  # the name users configure it by
+
+    arms: tuple[int, ...] = setting(
+        (0, 2, 4, 8, 16, 32),
+        "candidate horizons; those above `max_predict_steps` are dropped, 0 and `max_predict_steps` are always arms",
+        Ints(0),
+    )
+    alpha: float = setting(1.5, "width of the upper confidence bound (exploration)", Float(0.0))
+    ridge: float = setting(1.0, "ridge regularisation of each arm's regression", Float(0.0, open_low=True))
+    rollback_penalty: float = setting(-3.0, "reward of a rolled-back segment", Float(-math.inf, 0.0))
+    reward_clip: float = setting(3.0, "bound on a reward's magnitude", Float(0.0, open_low=True))
+    cost: str = setting(
+        "steps",
+        "`steps`: an ordinary step costs 1, a predicted one `predict_cost`, so the same run makes the same choices "
+        "on any machine under any load, and resumes exactly; `wall`: a step costs its measured seconds, so the "
+        "choices (and the weights) depend on how busy the machine is (warned about)",
+        Choice(("steps", "wall")),
+    )
+    predict_cost: float = setting(0.3, 'relative cost of a predicted step for `cost="steps"`', Float(0.0, 1.0))
+    baseline_window: int = setting(5, "Full-step losses averaged for the loss before a segment", Int(1))
+    exploration_plays: int = setting(
+        2,
+        "plays of each Predict arm scored optimistically (upper bound); after them an arm is played only while the "
+        "lower bound of its reward is above 0, so prediction has to prove that it pays",
+        Int(0),
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         if self.cost == "wall":
-            warnings.warn(WALL_COST, stacklevel=2)
-        self.predict_cost = check_float(owner, "predict_cost", predict_cost, 0.0, 1.0)
-        check_int(owner, "baseline_window", baseline_window, 1)
-        self.exploration_plays = check_int(owner, "exploration_plays", exploration_plays)
-        self.arms: list[int] = []
+            warnings.warn(WALL_COST, stacklevel=3)
+        self.horizons: list[int] = []  # the arms played, once set up for the run's ``max_predict_steps``
         self.counts: list[int] = []
         self.rewards: list[float] = []
         self._a = torch.empty(0)
         self._b = torch.empty(0)
         self.unit_cost = math.nan  # cost of an ordinary step (moving average)
-        self.baseline_window = baseline_window
-        self._recent: deque[float] = deque(maxlen=baseline_window)  # losses of the last ordinary (Full) steps
+        self._recent: deque[float] = deque(maxlen=self.baseline_window)  # losses of the last ordinary (Full) steps
         self.episode: dict[str, Any] | None = None
 
     def setup_arms(self, max_predict_steps: int, feature_dim: int) -> None:
         """Fix the arms and allocate the regressions (kept if already set up for the same shape)."""
-        arms = sorted({a for a in self.arms_requested if a <= max_predict_steps} | {0, max_predict_steps})
+        arms = sorted({a for a in self.arms if a <= max_predict_steps} | {0, max_predict_steps})
         d = feature_dim + 1
-        if arms == self.arms and self._a.shape == (len(arms), d, d):
+        if arms == self.horizons and self._a.shape == (len(arms), d, d):
             return
-        self.arms = arms
+        self.horizons = arms
         self.counts = [0] * len(arms)
         self.rewards = [0.0] * len(arms)
         self._a = torch.eye(d, dtype=torch.float64).repeat(len(arms), 1, 1) * self.ridge
@@ -112,11 +100,11 @@ class LinUCBHorizons:
         """Upper confidence bound of each arm's reward in this state; arm 0, the baseline, is known to be 0."""
         x = self._context(features)
         theta = torch.linalg.solve(self._a, self._b)
-        spread = torch.linalg.solve(self._a, x.expand(len(self.arms), -1)) @ x
+        spread = torch.linalg.solve(self._a, x.expand(len(self.horizons), -1)) @ x
         mean, width = (theta @ x).tolist(), (self.alpha * spread.clamp_min(0).sqrt()).tolist()
         return [
             0.0 if arm == 0 else m + w if n < self.exploration_plays else m - w
-            for arm, n, m, w in zip(self.arms, self.counts, mean, width)
+            for arm, n, m, w in zip(self.horizons, self.counts, mean, width)
         ]
 
     def choose(self, features: Tensor) -> int:
@@ -194,7 +182,7 @@ class LinUCBHorizons:
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "arms": list(self.arms),
+            "arms": list(self.horizons),
             "counts": list(self.counts),
             "rewards": list(self.rewards),
             "a": self._a.clone(),
@@ -205,7 +193,7 @@ class LinUCBHorizons:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.arms, self.counts, self.rewards = list(state["arms"]), list(state["counts"]), list(state["rewards"])
+        self.horizons, self.counts, self.rewards = list(state["arms"]), list(state["counts"]), list(state["rewards"])
         self._a, self._b = state["a"].clone(), state["b"].clone()
         self.unit_cost = float(state["unit_cost"])
         self._recent = deque(state["recent"], maxlen=self.baseline_window)

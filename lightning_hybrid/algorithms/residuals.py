@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from lightning_hybrid.predictors.base import Plan, UpdateStats
-from lightning_hybrid.validation import check_float, check_int
+from lightning_hybrid.settings import Float, Int, Settings, setting
 
 
-class ResidualCorrection:
+@dataclass(eq=False)
+class ResidualCorrection(Settings):
     """A bounded store of residuals from Correct steps, recalled by similarity to correct new predictions.
 
     After a segment, each Correct step measures how the optimizer's real update relates to the predictor's: the
@@ -27,33 +28,24 @@ class ResidualCorrection:
 
     Micro-corrections: inside a segment, every ``correction_interval`` predicted steps with a forward check, the
     remaining loss trajectory is re-anchored on the loss just observed (the upper bound only ever tightens).
-
-    Args:
-        max_correction_factor: bound on a correction factor and its inverse (>= 1; 1 disables update corrections).
-        max_residuals: capacity of the residual store (>= 1).
-        neighbours: stored residuals combined per correction (>= 1).
-        bandwidth: feature-distance scale of the similarity weight (> 0).
-        time_decay: per-step decay of a residual's weight, in ``(0, 1]``.
-        correction_interval: predicted steps between micro-corrections; 0 disables them.
     """
 
-    def __init__(
-        self,
-        max_correction_factor: float = 2.0,
-        max_residuals: int = 256,
-        neighbours: int = 16,
-        bandwidth: float = 1.0,
-        time_decay: float = 0.995,
-        correction_interval: int = 4,
-    ) -> None:
-        owner = "ResidualCorrector"  # the name users configure it by
-        self.max_correction_factor = check_float(owner, "max_correction_factor", max_correction_factor, 1.0)
-        self.max_residuals = check_int(owner, "max_residuals", max_residuals, 1)
-        self.neighbours = check_int(owner, "neighbours", neighbours, 1)
-        self.bandwidth = check_float(owner, "bandwidth", bandwidth, 0.0, open_low=True)
-        self.time_decay = check_float(owner, "time_decay", time_decay, 0.0, 1.0, open_low=True)
-        self.correction_interval = check_int(owner, "correction_interval", correction_interval)
-        self.residuals: deque[dict[str, Any]] = deque(maxlen=max_residuals)
+    owner = "ResidualCorrector"  # the name users configure it by
+
+    max_correction_factor: float = setting(
+        2.0, "bound on a correction factor and its inverse (1 disables update corrections)", Float(1.0)
+    )
+    max_residuals: int = setting(256, "capacity of the residual store", Int(1))
+    neighbours: int = setting(16, "stored residuals combined per correction", Int(1))
+    bandwidth: float = setting(1.0, "feature-distance scale of the similarity weight", Float(0.0, open_low=True))
+    time_decay: float = setting(0.995, "per-step decay of a residual's weight", Float(0.0, 1.0, open_low=True))
+    correction_interval: int = setting(
+        4, "predicted steps between micro-corrections (re-anchoring the loss); 0 disables them", Int(0)
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.residuals: deque[dict[str, Any]] = deque(maxlen=self.max_residuals)
         # Row ``slot`` of a residual holds its state features: one tensor for the whole store, so a long run's
         # residuals never add live tensors, and recall indexes rows instead of stacking a tensor per residual.
         self._features: Tensor | None = None

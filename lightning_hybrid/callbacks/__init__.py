@@ -13,10 +13,10 @@ from lightning_hybrid.callbacks.memory import VRAMLogger
 from lightning_hybrid.callbacks.monitor import DivergenceMonitor
 from lightning_hybrid.callbacks.predictor import DynamicsPredictor
 from lightning_hybrid.callbacks.progress import HybridProgressBar
-from lightning_hybrid.callbacks.routing import SETTING_OWNERS
 from lightning_hybrid.callbacks.scheduler import HybridScheduler
+from lightning_hybrid.callbacks.setting_owners import SETTING_OWNERS
 from lightning_hybrid.predictors import AnyPredictor
-from lightning_hybrid.validation import check_optional_bool
+from lightning_hybrid.settings import check_optional_bool
 
 
 def hybrid_callbacks(

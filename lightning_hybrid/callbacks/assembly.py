@@ -14,7 +14,7 @@ from lightning_hybrid.callbacks.base import HybridComponent
 from lightning_hybrid.callbacks.corrector import ResidualCorrector
 from lightning_hybrid.callbacks.monitor import DivergenceMonitor
 from lightning_hybrid.callbacks.predictor import DynamicsPredictor
-from lightning_hybrid.callbacks.routing import DEFAULT_RULE, ignored_message, route
+from lightning_hybrid.callbacks.setting_owners import DEFAULT_RULE, by_owner, ignored_message
 from lightning_hybrid.callbacks.wiring import (
     check_strategy,
     find_component,
@@ -26,7 +26,7 @@ from lightning_hybrid.callbacks.wiring import (
 from lightning_hybrid.config import HybridConfig
 from lightning_hybrid.engine import Components, family_of
 from lightning_hybrid.lightning_packages import MisconfigurationException
-from lightning_hybrid.validation import check_optional_bool
+from lightning_hybrid.settings import check_optional_bool
 
 
 @dataclass
@@ -45,7 +45,7 @@ def assemble(config: HybridConfig | None, predictor: Any, bandit: bool | None, s
     """Route ``settings`` and build what a run of ``predictor`` needs; every value is checked by its owner now, and
     a setting the mode does not read is warned about, once."""
     check_optional_bool("HybridScheduler", "bandit", bandit)
-    routed = route("HybridScheduler", predictor, settings)
+    routed = by_owner("HybridScheduler", predictor, settings)
     owners = routed.owners
     if config is not None and owners["config"]:
         raise ValueError(

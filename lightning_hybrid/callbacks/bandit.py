@@ -2,23 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing_extensions import Unpack
 
 from lightning_hybrid.algorithms import LinUCBHorizons
 from lightning_hybrid.callbacks.base import HostComponent
+from lightning_hybrid.settings import settings_dict
+
+BanditSettings = settings_dict("BanditSettings", LinUCBHorizons)
 
 
 class HorizonBandit(HostComponent):
     """Holds the :class:`~lightning_hybrid.algorithms.LinUCBHorizons` that chooses each Predict segment's horizon,
     including "don't predict" (``horizons``). It runs only where listed among the callbacks.
 
-    Args:
-        **settings: the bandit's settings, each documented there: ``arms``, ``alpha``, ``ridge``,
-            ``rollback_penalty``, ``reward_clip``, ``cost``, ``predict_cost``, ``baseline_window``,
-            ``exploration_plays``.
+    Its settings are the bandit's (``LinUCBHorizons``'s fields; ``docs/settings.md``).
     """
 
-    def __init__(self, **settings: Any) -> None:
+    def __init__(self, **settings: Unpack[BanditSettings]) -> None:
         self.horizons = LinUCBHorizons(**settings)
 
     @property

@@ -3,22 +3,23 @@ it."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing_extensions import Unpack
 
 from lightning_hybrid.algorithms import ResidualCorrection
 from lightning_hybrid.callbacks.base import HostComponent
+from lightning_hybrid.settings import settings_dict
+
+CorrectorSettings = settings_dict("CorrectorSettings", ResidualCorrection)
 
 
 class ResidualCorrector(HostComponent):
     """Holds the :class:`~lightning_hybrid.algorithms.ResidualCorrection` that corrects per-step plans from the
     residuals of earlier segments (``correction``).
 
-    Args:
-        **settings: the correction's settings, each documented there: ``max_correction_factor``,
-            ``max_residuals``, ``neighbours``, ``bandwidth``, ``time_decay``, ``correction_interval``.
+    Its settings are the correction's (``ResidualCorrection``'s fields; ``docs/settings.md``).
     """
 
-    def __init__(self, **settings: Any) -> None:
+    def __init__(self, **settings: Unpack[CorrectorSettings]) -> None:
         self.correction = ResidualCorrection(**settings)
 
     @property

@@ -12,7 +12,7 @@ from typing_extensions import override
 
 from lightning_hybrid.callbacks.base import find_scheduler
 from lightning_hybrid.lightning_packages import CALLBACK_BASES
-from lightning_hybrid.validation import check_int
+from lightning_hybrid.settings import check_int
 
 MIB = 2**20
 
@@ -117,9 +117,7 @@ class VRAMLogger(*CALLBACK_BASES):
         return {"rss": rss, "peak_rss": proc_status("VmHWM") or rss, "in_use": rss, "peak": rss}
 
     @override
-    def on_train_batch_end(
-        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, idx: int
-    ) -> None:
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, idx: int) -> None:
         figures = self.read(pl_module.device)
         phase = self._phase
         self.phase_peaks[phase] = max(self.phase_peaks.get(phase, 0), figures["peak"])

@@ -2,23 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing_extensions import Unpack
 
 from lightning_hybrid.algorithms import DivergenceCheck
 from lightning_hybrid.callbacks.base import HostComponent
+from lightning_hybrid.settings import settings_dict
+
+MonitorSettings = settings_dict("MonitorSettings", DivergenceCheck)
 
 
 class DivergenceMonitor(HostComponent):
     """Holds the :class:`~lightning_hybrid.algorithms.DivergenceCheck` the engine asks whether a prediction went
     wrong (``divergence``).
 
-    Args:
-        **settings: the check's settings, each documented there: ``z_threshold``, ``oscillation_window``,
-            ``oscillation_sigmas``, ``stats_decay``, ``grad_outlier_factor``. The delayed verdict on the default
-            rule's jumps is set on the rule (``verify_window``, ``verify_sigmas``, ``verify_resolution``).
+    Its settings are the check's (``DivergenceCheck``'s fields; ``docs/settings.md``).
     """
 
-    def __init__(self, **settings: Any) -> None:
+    def __init__(self, **settings: Unpack[MonitorSettings]) -> None:
         self.divergence = DivergenceCheck(**settings)
 
     @property

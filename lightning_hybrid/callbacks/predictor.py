@@ -2,14 +2,31 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
+
+from typing_extensions import Unpack
 
 from lightning_hybrid.callbacks.base import HybridComponent
 from lightning_hybrid.encoder import MIN_DIM, StateEncoder
 from lightning_hybrid.predictors import PREDICTORS, AnyPredictor, Predictor, TrajectoryRule, build_predictor
-from lightning_hybrid.validation import check_int
+from lightning_hybrid.settings import Int, Settings, setting, settings_dict
 
 RETIRED = ("average", "search")  # predictors of earlier checkpoints that measured no gain and left the package
+
+
+@dataclass(eq=False)
+class Encoding(Settings):
+    """The state encoding the per-step predictors condition on: the ``DynamicsPredictor``'s own setting."""
+
+    owner = "DynamicsPredictor"
+
+    feature_dim: int = setting(
+        64, "length of the encoded training state the per-step predictors condition on", Int(MIN_DIM)
+    )
+
+
+EncodingSettings = settings_dict("EncodingSettings", Encoding)
 
 
 class DynamicsPredictor(HybridComponent):
@@ -20,17 +37,17 @@ class DynamicsPredictor(HybridComponent):
             an instance of a :class:`~lightning_hybrid.predictors.TrajectoryRule` or of a per-step
             :class:`~lightning_hybrid.predictors.Predictor`.
         predictor_kwargs: settings of the named predictor (ignored for an instance).
-        feature_dim: length of the encoded training state (see :class:`~lightning_hybrid.encoder.StateEncoder`).
+        **settings: ``feature_dim`` (:class:`Encoding`).
     """
 
     def __init__(
         self,
         predictor: str | AnyPredictor = "outer",
         predictor_kwargs: dict[str, Any] | None = None,
-        feature_dim: int = 64,
+        **settings: Unpack[EncodingSettings],
     ) -> None:
-        check_int("DynamicsPredictor", "feature_dim", feature_dim, MIN_DIM)
-        self.encoder = StateEncoder(dim=feature_dim)
+        self.feature_dim = Encoding(**settings).feature_dim
+        self.encoder = StateEncoder(dim=self.feature_dim)
         if isinstance(predictor, (Predictor, TrajectoryRule)):
             self.predictor = predictor
         else:

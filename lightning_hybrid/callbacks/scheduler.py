@@ -23,8 +23,8 @@ from lightning_hybrid.callbacks.predictor import DynamicsPredictor
 from lightning_hybrid.callbacks.progress import show_progress
 from lightning_hybrid.callbacks.ranks import TrainerCollectives
 from lightning_hybrid.callbacks.resumable import say_unresumable
-from lightning_hybrid.callbacks.routing import DEFAULT_RULE, SchedulerSettings
 from lightning_hybrid.callbacks.scalars import log_step, log_unverified, logging_step, write_summary
+from lightning_hybrid.callbacks.setting_owners import DEFAULT_RULE, SchedulerSettings
 from lightning_hybrid.callbacks.sharded_state import stow, unstow
 from lightning_hybrid.callbacks.wiring import (
     last_step,
@@ -297,4 +297,3 @@ class HybridScheduler(HybridComponent):
             state = migrate_v1(state, self.engine.family)
         # version 2 kept the flag at the checkpoint's top level; up to 3 every component was a callback of its own
         return {UNVERIFIED: False, COMPONENTS: {}, **state}
-

@@ -13,10 +13,9 @@ from torch import nn
 
 from lightning_hybrid.callbacks.base import HybridComponent
 from lightning_hybrid.callbacks.corrector import ResidualCorrector
-from lightning_hybrid.callbacks.routing import changed_from_default, ignored, ignored_message, mode_of
+from lightning_hybrid.callbacks.setting_owners import changed_from_default, ignored, ignored_message, mode_of
 from lightning_hybrid.config import HybridConfig
 from lightning_hybrid.engine import PredictionFamily
-from lightning_hybrid.engine.family import ALL_MONITOR_SETTINGS, ALL_PHASE_SETTINGS
 from lightning_hybrid.lightning_packages import MisconfigurationException, classes, module
 from lightning_hybrid.samplers import one_permutation
 from lightning_hybrid.step_routing import StepRouting
@@ -139,8 +138,8 @@ def warn_ignored(
     """Settings changed from their defaults that this mode does not read (and ``hybrid_callbacks`` has not already
     said so of): say so before training."""
     given = {
-        "config": changed_from_default(config, list(ALL_PHASE_SETTINGS)),
-        "monitor": changed_from_default(monitor, list(ALL_MONITOR_SETTINGS)),
+        "config": changed_from_default(config),
+        "monitor": changed_from_default(monitor),
     }
     names = [n for n in ignored(family, given) if n not in told]
     if names:

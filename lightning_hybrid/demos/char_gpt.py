@@ -21,7 +21,7 @@ from torch import nn
 from torchmetrics.text import Perplexity
 
 from lightning_hybrid.demos.splits import SplitData, TokenWindows
-from lightning_hybrid.validation import check_choice, check_float, check_optional_bool
+from lightning_hybrid.settings import check_choice, check_float, check_optional_bool
 
 # ----------------------------------------------------------------------------------------------------- data
 

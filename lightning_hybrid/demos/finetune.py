@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from lightning_hybrid.demos.char_gpt import CharGPT, byte_ids, stdlib_corpus
 from lightning_hybrid.demos.splits import SplitData, TokenWindows
-from lightning_hybrid.validation import check_choice, check_int
+from lightning_hybrid.settings import check_choice, check_int
 
 MODES = ("lora", "full")
 LORA_TARGETS = ["qkv", "proj", "mlp.0", "mlp.2"]  # every linear layer of every block

@@ -56,7 +56,7 @@ class Bandit(Protocol):
     """Chooses segment horizons and learns from their reward (see
     :class:`~lightning_hybrid.algorithms.LinUCBHorizons`)."""
 
-    arms: list[int]
+    horizons: list[int]  # the horizon of each arm played, once set up
     counts: list[int]
     cost: str
 

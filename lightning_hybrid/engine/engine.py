@@ -297,4 +297,3 @@ class HybridEngine:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._restored = load_engine_state(self, state)
-

@@ -9,9 +9,7 @@ family is built by the engine with an :class:`EngineView`, the part of the engin
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
-from dataclasses import fields
 from typing import Any, ClassVar, Protocol
 
 from torch import Tensor
@@ -26,10 +24,7 @@ from lightning_hybrid.engine.policy import PredictionPolicy
 from lightning_hybrid.engine.record import RunRecord, StepRecord
 from lightning_hybrid.engine.store import ParameterStore
 from lightning_hybrid.phase import Phase
-from lightning_hybrid.settings import setting_values
-
-ALL_PHASE_SETTINGS = tuple(f.name for f in fields(HybridConfig))
-ALL_MONITOR_SETTINGS = tuple(inspect.signature(DivergenceCheck).parameters)
+from lightning_hybrid.settings import EVERY_MODE, read_by, setting_names, setting_values
 
 
 class EngineView(Protocol):
@@ -81,14 +76,18 @@ class PredictionFamily:
     uses_corrector: ClassVar[bool] = False  # reads the ResidualCorrector (and the state encoder it works on)
     phases: ClassVar[tuple[Phase, ...]] = tuple(Phase)  # the phases its steps can be in
     failures: ClassVar[tuple[str, str]] = ("predictions failed", "prediction is")  # the warning when it turns off
-    # the settings it reads, of HybridConfig and of the DivergenceMonitor: any other is ignored, with a warning
-    phase_settings: ClassVar[tuple[str, ...]] = ALL_PHASE_SETTINGS
-    monitor_settings: ClassVar[tuple[str, ...]] = ALL_MONITOR_SETTINGS
+    # the settings it reads, of HybridConfig and of the DivergenceMonitor: any other is ignored, with a warning. A
+    # built-in family's are those whose declarations name it; a family of one's own reads them all
+    phase_settings: ClassVar[tuple[str, ...]] = tuple(setting_names(HybridConfig))
+    monitor_settings: ClassVar[tuple[str, ...]] = tuple(setting_names(DivergenceCheck))
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "name" in vars(cls) and "mode" not in vars(cls):
             cls.mode = cls.name  # a family of one's own is its own mode
+        if vars(cls).get("name") in EVERY_MODE:
+            cls.phase_settings = read_by(HybridConfig, cls.name)
+            cls.monitor_settings = read_by(DivergenceCheck, cls.name)
 
     def __init__(self, engine: EngineView) -> None:
         self.engine = engine

@@ -13,8 +13,7 @@ from lightning_hybrid.predictors.mlp import MLPPredictor
 from lightning_hybrid.predictors.outer import OuterMomentum
 from lightning_hybrid.predictors.rssm import RSSMPredictor
 from lightning_hybrid.predictors.rules import TrajectoryRule
-from lightning_hybrid.settings import init_chain
-from lightning_hybrid.validation import check_choice
+from lightning_hybrid.settings import check_choice
 
 AnyPredictor = Predictor | TrajectoryRule
 PREDICTORS: dict[str, type[AnyPredictor]] = {
@@ -43,5 +42,4 @@ __all__ = [
     "TrajectoryRule",
     "UpdateStats",
     "build_predictor",
-    "init_chain",
 ]

@@ -9,50 +9,43 @@ which keeps prediction cheap at any model size.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from lightning_hybrid.predictors.base import Plan, Predictor, TensorGroups, UpdateStats
+from lightning_hybrid.settings import Float, Int, Settings, setting
 from lightning_hybrid.stats import LossTrend, sq_norm
-from lightning_hybrid.validation import check_float, check_int
 
 
-class DirectionPredictor(Predictor):
+@dataclass(eq=False)
+class DirectionPredictor(Settings, Predictor):
     """Predicts each step's update as ``s_g * m_g``; subclasses supply ``s_g`` and the loss slope.
 
     Confidence is the moving average of the share of the actual update's variance that the one-step prediction
     explained, times ``exp(-uncertainty)`` for ensembles.
-
-    Args:
-        decay: weight of the old average in ``m`` per observed step, in ``(0, 1)``.
-        max_scale: bound on ``s_g``; a predicted step is at most this many average updates.
-        loss_window: number of recent ordinary-step losses in the loss-trend fit (>= 3).
-        bound_sigmas: width of the loss upper bound in noise standard deviations.
-        min_observations: observed updates needed before the predictor is ``ready``.
     """
 
-    def __init__(
-        self,
-        decay: float = 0.9,
-        max_scale: float = 2.0,
-        loss_window: int = 32,
-        bound_sigmas: float = 3.0,
-        min_observations: int = 10,
-    ) -> None:
-        owner = type(self).__name__
-        self.decay = check_float(owner, "decay", decay, 0.0, 1.0 - 1e-12, open_low=True)
-        self.max_scale = check_float(owner, "max_scale", max_scale, 0.0, open_low=True)
-        self.loss_window = check_int(owner, "loss_window", loss_window, 3)
-        self.bound_sigmas = check_float(owner, "bound_sigmas", bound_sigmas, 0.0, open_low=True)
-        self.min_observations = check_int(owner, "min_observations", min_observations, 1)
+    decay: float = setting(
+        0.9, "memory of the per-tensor average update `m` per observed step", Float(0.0, 1.0, True, True)
+    )
+    max_scale: float = setting(
+        2.0, "bound on the scale: a predicted step is at most this many average updates", Float(0.0, open_low=True)
+    )
+    loss_window: int = setting(32, "recent ordinary-step losses in the loss-trend fit", Int(3))
+    bound_sigmas: float = setting(3.0, "width of the loss upper bound in noise deviations", Float(0.0, open_low=True))
+    min_observations: int = setting(10, "observed updates before the predictor may plan", Int(1))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         self._avg: list[list[Tensor]] = []
         self._avg_sq: list[float] | None = None  # ||m||^2 per group, kept from the last step learnt
         self._tracked = False  # an update was folded in since the averages were set: ||m||^2 is kept, not measured
         self._conf = 0.0
         self._observed = 0
-        self._trend = LossTrend(loss_window)
+        self._trend = LossTrend(self.loss_window)
         self._pending: dict[str, Any] | None = None
 
     # -- for subclasses --------------------------------------------------------------------------------------

@@ -10,49 +10,36 @@ generator are all checkpointed, so resumed runs continue exactly.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from lightning_hybrid.predictors.direction import DirectionPredictor
-from lightning_hybrid.validation import check_float, check_int
+from lightning_hybrid.settings import Float, Int, setting
 
 
+@dataclass(eq=False)
 class LearnedPredictor(DirectionPredictor):
-    """Base of predictors whose magnitudes come from a small network trained online.
+    """Base of predictors whose magnitudes come from a small network trained online."""
 
-    Args:
-        hidden: width of the network's hidden layers.
-        lr: Adam learning rate of the online training.
-        buffer_size: replay buffer capacity in observed steps.
-        batch_size: rows (or windows) per training step.
-        train_every: observed steps between training steps (amortises the cost).
-        seed: seed of the predictor's own generator (initialisation and sampling).
-        **kwargs: the settings of :class:`DirectionPredictor`.
-    """
+    hidden: int = setting(32, "width of the hidden layers (and of the GRU state)", Int(1))
+    lr: float = setting(3e-3, "Adam learning rate of the online training", Float(0.0, open_low=True))
+    buffer_size: int = setting(512, "replay buffer, in observed ordinary steps", Int(2))
+    batch_size: int = setting(32, "rows (`mlp`) or windows per member (`rssm`) per training step", Int(1))
+    train_every: int = setting(
+        4, "observed steps between training steps; this is what keeps the cost within 3% of a step", Int(1)
+    )
+    seed: int = setting(
+        0, "seed of the predictor's own generator (initialisation, sampling), independent of the run's", Int(0)
+    )
 
-    def __init__(
-        self,
-        hidden: int = 32,
-        lr: float = 3e-3,
-        buffer_size: int = 512,
-        batch_size: int = 32,
-        train_every: int = 4,
-        seed: int = 0,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(**kwargs)
-        owner = type(self).__name__
-        self.hidden = check_int(owner, "hidden", hidden, 1)
-        self.lr = check_float(owner, "lr", lr, 0.0, open_low=True)
-        self.buffer_size = check_int(owner, "buffer_size", buffer_size, 2)
-        self.batch_size = check_int(owner, "batch_size", batch_size, 1)
-        self.train_every = check_int(owner, "train_every", train_every, 1)
-        self.seed = check_int(owner, "seed", seed)
+    def __post_init__(self) -> None:
+        super().__post_init__()
         self.model: nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = torch.Generator().manual_seed(self.seed)
         self._x = torch.empty(0)
         self._y = torch.empty(0)
         self._rows = 0  # rows ever written; the buffer holds the last ``buffer_size``

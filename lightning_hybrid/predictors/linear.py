@@ -2,39 +2,31 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from torch import Tensor
 
 from lightning_hybrid.predictors.direction import DirectionPredictor
-from lightning_hybrid.validation import check_float
+from lightning_hybrid.settings import Float, setting
 
 
+@dataclass(eq=False)
 class LinearPredictor(DirectionPredictor):
     """Each predicted step applies ``s_g * m``; the loss follows the line through recent losses.
 
     ``s_g`` is fitted per parameter group by exponentially weighted least squares of the actual update on the
     average *before* it, so it shrinks when updates are noisy and grows when they are consistent.
-
-    Args:
-        scale_decay: memory of the least-squares scale fit, in ``[0, 1)``.
-        **kwargs: the shared settings of :class:`DirectionPredictor` (``decay``, ``max_scale``, ``loss_window``,
-            ``bound_sigmas``, ``min_observations``).
     """
 
     name = "linear"
 
-    def __init__(
-        self,
-        decay: float = 0.9,
-        scale_decay: float = 0.95,
-        max_scale: float = 2.0,
-        loss_window: int = 32,
-        bound_sigmas: float = 3.0,
-        min_observations: int = 10,
-    ) -> None:
-        super().__init__(decay, max_scale, loss_window, bound_sigmas, min_observations)
-        self.scale_decay = check_float("LinearPredictor", "scale_decay", scale_decay, 0.0, 1.0 - 1e-12)
+    scale_decay: float = setting(
+        0.95, "memory of the per-group least-squares scale fit", Float(0.0, 1.0, open_high=True)
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         self._num: list[float] = []
         self._den: list[float] = []
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -17,96 +18,106 @@ from lightning_hybrid.predictors.outer_fused import FusedJumpPlan
 from lightning_hybrid.predictors.outer_jump import JumpPlan, plan
 from lightning_hybrid.predictors.parameter_sums import cosine_terms, state_fits
 from lightning_hybrid.predictors.rules import TensorList, TrajectoryRule, load_into
-from lightning_hybrid.validation import check_bool, check_float, check_int, check_optional_bool
+from lightning_hybrid.settings import Bool, Float, Int, Settings, setting
 
 
-class OuterMomentum(TrajectoryRule):
+@dataclass(eq=False)
+class OuterMomentum(Settings, TrajectoryRule):
     """``outer``, the default: the SNOO rule (one-worker DiLoCo) with the guards the learning-rate harness measured.
     Every Full cycle of ``full_steps`` ordinary steps runs from an anchor; after it (as the engine starts the next
     step) the weights jump to ``anchor - outer_lr * (outer_momentum * b + s)``, where ``s = anchor - weights`` is the
     cycle's displacement and ``b <- outer_momentum * b + s``, and that point is the next anchor. No backward pass is
     added or skipped.
 
-    ``outer_lr=1, outer_momentum=0`` is plain training (bitwise); ``outer_momentum=0`` is Lookahead with step
-    ``outer_lr``. Unguarded ``outer`` (as SNOO publishes it) is ``keep_norms=False, restart=False,
-    verify_resolution=0``. A jump is judged at once for divergence (the monitor's ``z_threshold``) and, over the
-    next cycle, by the delayed verdict set here: the mean loss of that cycle's last ``verify_window`` steps against
-    the same window before the jump. Memory: the anchor lives in the engine's one update buffer; ``b`` adds one
-    parameter copy when ``outer_momentum > 0``, and delayed verification or the alignment verdict one more (the
-    weights before the last jump, which the anchor, where it landed, turns into the jump). With ``state_on_host``
-    those two live in host memory, so the device holds the anchor alone, at the price of moving them in and out
-    every cycle.
-
-    The alignment verdict asks whether a jump went where training was going anyway, the question a loss compared
-    with before the jump cannot answer on a falling curve: the cosine between each jump and the displacement of the
-    cycle after it. Positive, training carries on along the jump (a longer one would have paid too); negative, it
-    walks the jump back (it overshot). Once the mean over the last ``alignment_window`` jumps is at most 0, the
-    jumps stop for the rest of the run and training is plain.
-
-    Args:
-        outer_lr: η, the outer step, in ``(0, 2]``.
-        outer_momentum: μ, the outer momentum, in ``[0, 1)``.
-        alignment_window: jumps whose mean alignment decides whether jumping goes on (0: it always does).
-        keep_norms: scale each tensor back, after every jump, to the norm it had before it: jumps then change the
-            weights' direction, not their scale (which, under normalization layers, sets the effective step of all
-            later training). Under ``hybrid_fsdp``, each tensor's whole norm from its shards'.
-        restart: adaptive restart (O'Donoghue and Candès, 2015) at the cycle's scale: when a cycle's displacement
-            points against the outer momentum (their cosine is at most 0), the momentum is reset and no jump is
-            made, so that an oscillating run trains plainly instead of being pushed along a stale direction.
-            Nothing to do when ``outer_momentum`` is 0.
-        state_on_host: hold ``b`` and the weights before the last jump in host memory (pinned, on CUDA), as DiLoCo
-            implementations hold their outer state, and bring them to the device only at a cycle's end: the device then
-            holds one parameter copy above plain (the anchor) outside a jump, and each cycle's end moves ``b`` in, and
-            each jump ``b`` and the weights before it out (overlapping the next steps). The same values, bitwise.
-            ``None`` (the default): on the device, unless the parameters are on CUDA and those copies would take more
-            than half its free memory as training starts; then in host memory, and the run says so. On a CPU the host is
-            the device, so it changes nothing there.
-        fused: make each jump with two Triton kernels where they serve (CUDA, float32, unsharded, the state on the
-            device; :mod:`~lightning_hybrid.predictors.outer_fused`): 10 parameter copies of memory traffic instead of
-            the eager path's 23, within float32 rounding of it. ``False``: the eager path everywhere.
-        verify_window: ordinary steps at the end of the cycle after a jump whose mean loss keeps or undoes the jump
-            (at most ``full_steps``); 0 keeps every jump unchecked and holds no copy of it. ``None`` (the default):
-            half the cycle, ``full_steps // 2`` (10 for the default 20), so any cycle length set alone trains.
-        verify_sigmas: a jump is undone when that mean exceeds the window's mean before the jump by more than this
-            many standard errors (> 0). A useful jump often raises the loss at first and pays once the optimizer
-            has settled, so judging it right after would reject exactly those.
-        verify_resolution: the widest margin, as a fraction of the window's mean loss, at which the verdict still
-            judges (>= 0; 0: no limit). Where a cycle's losses spread so widely that a jump raising the loss by more
-            than this fraction would still pass, the verdict is blind and no jump is made. For losses bounded below
-            by 0 (cross-entropy, squared error), whose level says how much room is left; set 0 for a loss that can
-            be negative.
+    A jump is judged at once for divergence (the monitor's ``z_threshold``) and, over the next cycle, by the delayed
+    verdict set here. Memory: the anchor lives in the engine's one update buffer; ``b`` adds one parameter copy when
+    ``outer_momentum > 0``, and delayed verification or the alignment verdict one more (the weights before the last
+    jump, which the anchor, where it landed, turns into the jump). Each setting's field says what it does.
     """
 
     name = "outer"
     family = "jumps"
 
-    def __init__(
-        self,
-        outer_lr: float = 0.7,
-        outer_momentum: float = 0.5,
-        alignment_window: int = 0,
-        keep_norms: bool = True,
-        restart: bool = True,
-        state_on_host: bool | None = None,
-        fused: bool = True,
-        verify_window: int | None = None,
-        verify_sigmas: float = 2.0,
-        verify_resolution: float = 0.2,
-    ) -> None:
-        self.outer_lr = check_float("OuterMomentum", "outer_lr", outer_lr, 0.0, 2.0, open_low=True)
-        self.outer_momentum = check_float("OuterMomentum", "outer_momentum", outer_momentum, 0.0, 1.0 - 1e-12)
-        self.alignment_window = check_int("OuterMomentum", "alignment_window", alignment_window, 0)
-        self.keep_norms = check_bool("OuterMomentum", "keep_norms", keep_norms)
-        self.restart = check_bool("OuterMomentum", "restart", restart)
-        self.state_on_host = check_optional_bool("OuterMomentum", "state_on_host", state_on_host, "on CUDA")
-        self.fused = check_bool("OuterMomentum", "fused", fused)
-        if verify_window is not None:
-            check_int("OuterMomentum", "verify_window", verify_window, 0)
-        self.verify_window = verify_window
+    outer_lr: float = setting(
+        0.7,
+        "η: every cycle ends with a jump to `anchor - η (μ b + s)`, `s = anchor - weights`, `b ← μ b + s`; that point "
+        "is the next anchor. `outer_lr=1, outer_momentum=0` is plain training (bitwise)",
+        Float(0.0, 2.0, open_low=True),
+    )
+    outer_momentum: float = setting(
+        0.5, "μ, the outer momentum; 0 is Lookahead with step η", Float(0.0, 1.0, open_high=True)
+    )
+    alignment_window: int = setting(
+        0,
+        "jumps whose alignment decides whether jumping goes on (0: it always does). A jump's alignment is the "
+        "cosine between it and the displacement of the cycle after it; once the mean over the last "
+        "`alignment_window` jumps is ≤ 0, the jumps stop for the run (`jumps_stopped_at`). Opt-in: it fired too "
+        "late in the harness",
+        Int(0),
+    )
+    keep_norms: bool = setting(
+        True,
+        "scale each tensor back, after every jump, to the norm it had before it: the jumps change the weights' "
+        "direction, not their scale (under normalization layers the scale sets the effective step of all later "
+        "training). The weights before the jump are kept, so a rollback right after it gives them back bitwise. "
+        "Under `hybrid_fsdp` each tensor's whole norm is its shards' squared norms summed over ranks (one "
+        "collective a jump)",
+        Bool(),
+    )
+    restart: bool = setting(
+        True,
+        "adaptive restart (O'Donoghue and Candès, 2015) at the cycle's scale: where a cycle's displacement points "
+        "against the outer momentum (cosine ≤ 0, summed over ranks' shards), the momentum is reset and no jump is "
+        "made (`jump_restarts` in the summary), so an oscillating run trains plainly. No parameter copy; nothing "
+        "to do when `outer_momentum` is 0",
+        Bool(),
+    )
+    state_on_host: bool | None = setting(
+        None,
+        "hold the outer momentum and the weights before the last jump in host memory (pinned) and bring them to "
+        "the device only at a cycle's end, as DiLoCo implementations hold their outer state: the device holds one "
+        "parameter copy above plain (the anchor), not three, at the price of copying the state in and out each "
+        "cycle. `None`: on the device, unless those two copies would take more than half the GPU's free memory as "
+        "training starts (then on the host, and the run says so); off the GPU the host is the device and it "
+        "changes nothing. The same run bitwise (tested)",
+        Bool(none_means="on CUDA"),
+    )
+    fused: bool = setting(
+        True,
+        "make each jump with two Triton kernels where they serve (CUDA with Triton, float32, unsharded, the state "
+        "on the device): one pass reads the weights, the anchor and the momentum for every sum the jump needs, the "
+        "other writes the weights, the anchor, the momentum and the weights kept, in place: 10 parameter copies of "
+        "memory traffic, against the eager path's 23. Within float32 rounding of the eager jump (tested against its "
+        "float64 formula, in Triton's interpreter on the CPU); checked against it on the device before training "
+        "starts, and eager, said once, if it differs. `False`: the eager path everywhere",
+        Bool(),
+    )
+    verify_window: int | None = setting(
+        None,
+        "the last this many steps of the cycle after a jump, whose mean loss keeps or rolls back the jump against "
+        "the same window before it (≤ `full_steps`); 0 keeps every jump unchecked and holds no copy of it. `None`: "
+        "half the cycle, `full_steps // 2` (10 at the default 20), so any `full_steps` set alone trains; the "
+        "summary records the window used",
+        Int(0, none_means="half the cycle"),
+    )
+    verify_sigmas: float = setting(
+        2.0,
+        "a jump is rolled back when that mean exceeds the window's mean before the jump by more than this many "
+        "standard errors. A useful jump often raises the loss at first and pays once the optimizer has settled, "
+        "so judging it right after would reject exactly those",
+        Float(0.0, open_low=True),
+    )
+    verify_resolution: float = setting(
+        0.2,
+        "the widest margin, as a fraction of the window's mean loss, at which that verdict still judges: a cycle "
+        "whose losses spread so widely that a larger rise would pass makes no jump (`jumps_blind` in the summary), "
+        "so the run is plain there. For losses bounded below by 0; 0 sets no limit (a loss that can be negative)",
+        Float(0.0),
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         self.window = self.window_for(20)  # the default cycle's, until the run's is known (follow_cycle)
-        self.verify_sigmas = check_float("OuterMomentum", "verify_sigmas", verify_sigmas, 0.0, open_low=True)
-        self.verify_resolution = check_float("OuterMomentum", "verify_resolution", verify_resolution, 0.0)
-        super().__init__()
         self._b: list[Tensor] = []  # on the device; with ``state_on_host``, in ``_held`` instead
         self._before_jump: list[Tensor] = []  # the weights before the last jump, for its undo and its alignment
         self._held_move = False  # instead the jump itself, as checkpoints before 2026-12-02 hold it (see _before)

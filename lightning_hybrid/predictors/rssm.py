@@ -8,6 +8,7 @@ seen before, and that disagreement lowers the confidence.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -15,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lightning_hybrid.predictors.learned import LearnedPredictor
-from lightning_hybrid.validation import check_float, check_int
+from lightning_hybrid.settings import Float, Int, redefault, setting
 
 
 class _Linear(nn.Module):
@@ -81,45 +82,31 @@ def _sample(logits: Tensor, noise: Tensor) -> Tensor:
     return (onehot + probs - probs.detach()).flatten(-2)
 
 
+@dataclass(eq=False)
 class RSSMPredictor(LearnedPredictor):
-    """Ensemble of RSSM-lite models trained online on windows of the run's own history.
-
-    Args:
-        ensemble: number of members (>= 1); their disagreement is the uncertainty.
-        categoricals: categorical latent variables per member.
-        classes: classes per categorical variable.
-        window: length of the training windows (the first quarter is burn-in).
-        kl_weight: weight of the KL term between posterior and prior.
-        free_nats: KL below this many nats is not penalised (DreamerV3's free bits), so the posterior keeps the
-            information the decoder needs.
-        **kwargs: the settings of :class:`LearnedPredictor` and :class:`DirectionPredictor`.
-    """
+    """Ensemble of RSSM-lite models trained online on windows of the run's own history."""
 
     name = "rssm"
 
-    def __init__(
-        self,
-        ensemble: int = 3,
-        categoricals: int = 4,
-        classes: int = 4,
-        window: int = 16,
-        kl_weight: float = 0.1,
-        free_nats: float = 1.0,
-        lr: float = 3e-2,
-        train_every: int = 32,
-        batch_size: int = 16,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(lr=lr, train_every=train_every, batch_size=batch_size, **kwargs)
-        owner = "RSSMPredictor"
-        self.ensemble = check_int(owner, "ensemble", ensemble, 1)
-        self.categoricals = check_int(owner, "categoricals", categoricals, 1)
-        self.classes = check_int(owner, "classes", classes, 2)
-        self.window = check_int(owner, "window", window, 4)
-        self.kl_weight = check_float(owner, "kl_weight", kl_weight, 0.0)
-        self.free_nats = check_float(owner, "free_nats", free_nats, 0.0)
+    lr: float = redefault(LearnedPredictor, "lr", 3e-2)
+    batch_size: int = redefault(LearnedPredictor, "batch_size", 16)
+    train_every: int = redefault(LearnedPredictor, "train_every", 32)
+    ensemble: int = setting(3, "members; their disagreement is the uncertainty", Int(1))
+    categoricals: int = setting(4, "categorical latent variables per member", Int(1))
+    classes: int = setting(4, "classes per categorical variable", Int(2))
+    window: int = setting(16, "training window length, the first quarter burn-in (≤ `buffer_size`)", Int(4))
+    kl_weight: float = setting(0.1, "weight of the KL term between posterior and prior", Float(0.0))
+    free_nats: float = setting(
+        1.0,
+        "KL below this many nats is not penalised (DreamerV3's free bits), so the posterior keeps what the decoder "
+        "needs",
+        Float(0.0),
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         if self.window > self.buffer_size:
-            raise ValueError(f"RSSMPredictor: `window` must be <= buffer_size ({self.buffer_size}), got {window}")
+            raise ValueError(f"RSSMPredictor: `window` must be <= buffer_size ({self.buffer_size}), got {self.window}")
         self._h = torch.empty(0)
         self._z = torch.empty(0)
         self._filtered: tuple[Tensor, Tensor] | None = None  # this step's filter state, committed after training

@@ -36,10 +36,8 @@ class TrajectoryRule(ABC):
 
     name: ClassVar[str]
     family: ClassVar[str]  # the prediction family that runs the rule (``lightning_hybrid.engine.families``)
-
-    def __init__(self) -> None:
-        self._pending: dict[str, Any] | None = None  # a checkpoint's state, loaded before setup: applied there
-        self._released: dict[str, Any] | None = None  # the state on the host, after fit
+    _pending: dict[str, Any] | None = None  # a checkpoint's state, loaded before setup: applied there
+    _released: dict[str, Any] | None = None  # the state on the host, after fit
 
     @abstractmethod
     def setup(self, params: TensorList, keep_jump: bool) -> None:

@@ -105,7 +105,7 @@ def test_bandit_scores_stay_finite_on_any_rewards_and_its_state_round_trips(play
         bandit.update(arm, features, reward)  # non-finite rewards count as the worst clipped reward
     scores = bandit.scores(features)
     assert all(math.isfinite(s) for s in scores) and scores[0] == 0.0
-    assert 0 <= bandit.choose(features) < len(bandit.arms)
+    assert 0 <= bandit.choose(features) < len(bandit.horizons)
     again = LinUCBHorizons()
     again.setup_arms(32, FEATURES)
     again.load_state_dict(bandit.state_dict())

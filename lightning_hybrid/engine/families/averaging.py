@@ -26,8 +26,6 @@ class PrimalAverages(PredictionFamily):
     name = "averaging"
     gated = False  # every backward pass is kept
     phases = (Phase.WARMUP, Phase.FULL)
-    phase_settings = ("warmup_steps", "enable_prediction")
-    monitor_settings = ("grad_outlier_factor",)
 
     def __init__(self, engine: Any) -> None:
         super().__init__(engine)

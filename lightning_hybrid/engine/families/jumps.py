@@ -36,8 +36,6 @@ class OuterJumps(JumpReport, PredictionFamily):
     gated = False  # every backward pass is kept: the regimes where per-step prediction failed do not apply
     phases = (Phase.WARMUP, Phase.FULL)
     failures = ("jumps undone", "jumps are")
-    phase_settings = ("warmup_steps", "full_steps", "max_consecutive_rollbacks", "enable_prediction")
-    monitor_settings = ("z_threshold", "stats_decay", "grad_outlier_factor")
 
     def __init__(self, engine: Any) -> None:
         super().__init__(engine)

@@ -71,7 +71,7 @@ class SegmentReport:
             "mean_prediction_error": e.record.mean_error(),
         }
         if bandit is not None:
-            out["arm_counts"] = {str(a): n for a, n in zip(bandit.arms, bandit.counts)}
+            out["arm_counts"] = {str(a): n for a, n in zip(bandit.horizons, bandit.counts)}
         return out
 
     def report(self, summary: dict[str, Any]) -> list[str]:

@@ -125,7 +125,7 @@ class PredictSegments(SegmentReport, PredictionFamily):
         horizon = e.machine.horizon
         if parts.bandit is not None:
             arm = parts.bandit.choose(features)
-            horizon = self.bandit_arm = parts.bandit.arms[arm]
+            horizon = self.bandit_arm = parts.bandit.horizons[arm]
             if horizon == 0:  # the bandit prefers another Full cycle: that is the baseline, reward 0
                 parts.bandit.update(arm, features, 0.0)
                 return False

@@ -1,43 +1,40 @@
-"""Where each setting belongs: which component owns it, which mode reads it, and the messages that point a
-misplaced, misspelt or ignored setting to its place. ``hybrid_callbacks``, the ``HybridScheduler`` and the training
-app all route through here, so every surface answers alike."""
+"""Which component owns each setting and which mode reads it, and the messages that point a misplaced, misspelt or
+ignored setting to its place. ``hybrid_callbacks``, the ``HybridScheduler`` and the training app all give settings to
+their owners through here, so every surface answers alike. (Steps are routed elsewhere: ``step_routing``.)"""
 
 from __future__ import annotations
 
-import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from typing_extensions import TypedDict
-
 from lightning_hybrid.algorithms import DivergenceCheck, LinUCBHorizons, ResidualCorrection
-from lightning_hybrid.callbacks.predictor import DynamicsPredictor
+from lightning_hybrid.callbacks.predictor import Encoding
 from lightning_hybrid.config import HybridConfig
 from lightning_hybrid.engine import FAMILIES, PredictionFamily, family_of
-from lightning_hybrid.predictors import PREDICTORS, OuterMomentum
-from lightning_hybrid.settings import did_you_mean, init_chain, settings_of, settings_of_chain
-from lightning_hybrid.validation import check_choice
+from lightning_hybrid.predictors import PREDICTORS, OuterMomentum, Predictor, TrajectoryRule
+from lightning_hybrid.settings import check_choice, declared, did_you_mean, setting_names, settings_dict
 
-# Which component owns which setting of `hybrid_callbacks`: each name appears once, with its default, in the
-# owner's constructor (a named predictor's own settings come from its class). The callbacks that host the plain
-# algorithm objects pass their settings on, so the objects' constructors are the owners.
+# Which component owns which setting of `hybrid_callbacks`: each is declared once, a field of its owner's dataclass
+# (a named predictor's own settings are its class's). The callbacks that host the plain algorithm objects pass
+# their settings on, so the objects are the owners.
 SETTING_OWNERS: dict[str, Any] = {
     "config": HybridConfig,
     "monitor": DivergenceCheck,
     "corrector": ResidualCorrection,
     "bandit": LinUCBHorizons,
-    "host": DynamicsPredictor,
+    "host": Encoding,
 }
 DEFAULT_RULE = OuterMomentum.name
 
 
 def owned_settings() -> dict[str, list[str]]:
-    """Each owner's settings; a predictor's are its class's (``settings_of_chain``)."""
-    return {owner: settings_of(cls.__init__) for owner, cls in SETTING_OWNERS.items()}
+    """Each owner's settings (a named predictor's are its class's: :func:`predictor_settings`)."""
+    return {owner: setting_names(cls) for owner, cls in SETTING_OWNERS.items()}
 
 
 def predictor_settings(name: str) -> list[str]:
-    return settings_of_chain(PREDICTORS[name])
+    return setting_names(PREDICTORS[name])
 
 
 def unknown_setting(caller: str, name: str, accepted: list[str]) -> str:
@@ -100,35 +97,21 @@ def ignored(family: type[PredictionFamily], given: dict[str, dict[str, Any]]) ->
     return [name for owner, named in given.items() for name in named if not reads(family, owner, name)]
 
 
-def changed_from_default(component: Any, names: list[str]) -> dict[str, Any]:
-    """The settings of ``component`` among ``names`` whose values differ from its constructor's defaults: what was
-    set, as far as an already built component can tell."""
-    fresh = type(component)()
-    return {n: getattr(component, n) for n in names if getattr(component, n) != getattr(fresh, n)}
+def changed_from_default(component: Any) -> dict[str, Any]:
+    """The settings of ``component`` whose values differ from their defaults: what was set, as far as an already
+    built component can tell."""
+    return {
+        s.name: getattr(component, s.name) for s in declared(type(component)) if getattr(component, s.name) != s.default
+    }
 
 
-def _hints(init: Any) -> dict[str, Any]:
-    hints = typing.get_type_hints(init)
-    hints.pop("return", None)
-    return {name: hint for name, hint in hints.items() if name in settings_of(init)}
-
-
-def _every_setting() -> dict[str, Any]:
-    """Every setting ``HybridScheduler`` takes, with its type: the components' and every predictor's."""
-    hints: dict[str, Any] = {}
-    for cls in [*SETTING_OWNERS.values(), *PREDICTORS.values()]:
-        for init in reversed(init_chain(cls)):
-            hints |= _hints(init)
-    return hints
-
-
-# The keywords HybridScheduler takes, generated from the constructors that own them, so that LightningCLI
-# (jsonargparse reads ``**settings: Unpack[...]``) accepts exactly these under its ``init_args``.
-SchedulerSettings = TypedDict("SchedulerSettings", _every_setting(), total=False)
+# The keywords HybridScheduler takes, from the declarations of their owners, so that LightningCLI (jsonargparse reads
+# ``**settings: Unpack[...]``) accepts exactly these under its ``init_args``.
+SchedulerSettings = settings_dict("SchedulerSettings", *SETTING_OWNERS.values(), *PREDICTORS.values())
 
 
 @dataclass
-class Routed:
+class ByOwner:
     """One call's settings, each given to the component that owns it (``predictor``: the named predictor's own),
     and those the chosen mode does not read (checked by their owners, warned about)."""
 
@@ -137,13 +120,15 @@ class Routed:
     unread: list[str]
 
 
-def route(caller: str, predictor: str | Any, settings: dict[str, Any]) -> Routed:
-    """Route ``settings`` to their owners for a run of ``predictor`` (a registered name or an instance). An
+def by_owner(caller: str, predictor: str | Any, settings: dict[str, Any]) -> ByOwner:
+    """Give ``settings`` to their owners for a run of ``predictor`` (a registered name or an instance). An
     unknown name raises ``TypeError`` with the closest known ones; another predictor's setting is checked by that
     predictor (a bad value fails as it would there) and counted as unread."""
     named = isinstance(predictor, str)
     if named:
         check_choice(caller, "predictor", predictor, PREDICTORS)
+    elif not isinstance(predictor, (Predictor, TrajectoryRule)):
+        raise TypeError(_not_a_predictor(caller, predictor))
     family = family_of(PREDICTORS[predictor] if named else predictor)
     known = owned_settings()
     known["predictor"] = predictor_settings(predictor) if named else []
@@ -164,12 +149,24 @@ def route(caller: str, predictor: str | Any, settings: dict[str, Any]) -> Routed
         PREDICTORS[other](**given)
     given = {o: v for o, v in owners.items() if o != "predictor"}
     unread = ignored(family, given) + [name for named in elsewhere.values() for name in named]
-    return Routed(family, owners, unread)
+    return ByOwner(family, owners, unread)
+
+
+def _not_a_predictor(caller: str, predictor: Any) -> str:
+    said = f"{caller}: `predictor` must be a registered name ({', '.join(PREDICTORS)}) or a Predictor or "
+    said += f"TrajectoryRule instance, got a {type(predictor).__name__}"
+    if isinstance(predictor, Mapping):  # what Hydra makes of a dataclass passed to instantiate() as a keyword
+        said += (
+            ": a config where an object was expected. Hydra turns an object passed to instantiate() as a keyword "
+            "argument into a config when it is a dataclass, as the predictors are: give the predictor's config "
+            "(with its _target_) under `predictor` instead, and Hydra builds it"
+        )
+    return said
 
 
 def _unknown(caller: str, name: str, predictor: str | Any, known: dict[str, list[str]]) -> str:
     """The message for a setting no component of this call owns: where it belongs, if anywhere."""
-    if not isinstance(predictor, str) and name in settings_of_chain(type(predictor)):
+    if not isinstance(predictor, str) and name in setting_names(type(predictor)):
         kind = type(predictor).__name__
         return f"{caller}: `{name}` is a setting of {kind}; with an instance, set it there: {kind}({name}=...)"
     accepted = ["predictor", "bandit", *(n for names in known.values() for n in names)]
