@@ -59,6 +59,15 @@ def _commit(cwd: Path | None) -> str | None:
     return done.stdout.strip() or None
 
 
+def instruction_set() -> str | None:
+    """The widest vector instructions the CPU offers torch's kernels (their speed differs most by it)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    return "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else None
+
+
 def measure(name: str, command: list[str], path: Path = TIMES, cwd: Path | None = None) -> dict[str, Any]:
     """Times ``command`` and keeps the result under ``name`` in ``path`` (only when it succeeded)."""
     if name not in WHAT:
@@ -69,6 +78,7 @@ def measure(name: str, command: list[str], path: Path = TIMES, cwd: Path | None 
         "measured": now(),
         "host": platform.node(),
         "cores": os.cpu_count(),
+        "isa": instruction_set(),
         "commit": _commit(cwd),
     }
     if result["returncode"] == 0:
@@ -93,7 +103,8 @@ def table() -> str:
     """The footprint's table of times, one row a timed command."""
     rows = ["| what | wall | CPU (every process) | measured | command |", "|---|---|---|---|---|"]
     for name, run in times().items():
-        when = f"{run['measured'][:10]}, {run['cores']} cores" + (f", at {run['commit']}" if run["commit"] else "")
+        when = f"{run['measured'][:10]}, {run['cores']} cores" + (f" ({run['isa']})" if run.get("isa") else "")
+        when += f", at {run['commit']}" if run["commit"] else ""
         rows.append(
             f"| {WHAT[name]} | {duration(run['wall_s'])} | {duration(run['cpu_s'])} | {when} | `{run['command']}` |"
         )
@@ -110,7 +121,9 @@ def suite_time() -> str:
     """The README's sentence on the test command's time."""
     run = times()["suite"]
     return (
-        f"The README's test command takes {duration(run['wall_s'])} on a fresh clone with 2 idle cores, its install\n"
+        f"The README's test command takes {duration(run['wall_s'])} on a fresh clone with 2 idle cores"
+        + (f" ({run['isa']})" if run.get("isa") else "")
+        + ", its install\n"
         f"included, the tests alone {duration(run['pytest_s'])}"
         " ([footprint](benchmarks/results/footprint/README.md)).\n"
     )
