@@ -50,11 +50,11 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import DataLoader, TensorDataset
 
-import lightning_hybrid.callbacks.optimizer_hooks as optimizer_hooks
+import lightning_hybrid.engine.step_hooks as step_hooks
 from benchmarks.harness import RESULTS, machine, write_atomic
 from lightning_hybrid import HybridPredictStrategy
-from lightning_hybrid.callbacks.optimizer_hooks import OptimizerHooks
 from lightning_hybrid.callbacks.scheduler import HybridScheduler
+from lightning_hybrid.engine.step_hooks import StepHooks
 from lightning_hybrid.step_routing import StepRouting
 
 OUT = RESULTS / "host_work"
@@ -69,8 +69,8 @@ MODES: dict[str, dict[str, Any]] = {
 }
 BRACKETED_PLUGIN = {
     HybridScheduler: ("on_train_batch_start", "on_before_backward", "on_before_optimizer_step", "on_train_batch_end"),
-    OptimizerHooks: ("_before", "_after"),
-    optimizer_hooks: ("_then_drop_skipped",),
+    StepHooks: ("_before", "_after"),
+    step_hooks: ("_then_guarded",),
     StepRouting: ("training_step", "backward", "optimizer_step"),
 }
 BRACKETED_LIGHTNING = {

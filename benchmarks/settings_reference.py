@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from lightning_hybrid.algorithms import DivergenceCheck, LinUCBHorizons, ResidualCorrection
-from lightning_hybrid.callbacks.predictor import Encoding
 from lightning_hybrid.config import HybridConfig
+from lightning_hybrid.encoder import Encoding
 from lightning_hybrid.predictors import LinearPredictor, MLPPredictor, OuterMomentum, PrimalAveraging, RSSMPredictor
 from lightning_hybrid.settings import declared
 

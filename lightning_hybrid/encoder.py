@@ -11,11 +11,12 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from lightning_hybrid.settings import check_float, check_int
+from lightning_hybrid.settings import Int, Settings, check_float, check_int, setting
 from lightning_hybrid.stats import LossTrend
 
 GLOBAL_FEATURES = (
@@ -36,6 +37,17 @@ VAR_FLOOR = 1e-4  # on the symlog scale: a feature that never moved is not blown
 
 
 MIN_DIM = len(GLOBAL_FEATURES) + len(GROUP_FEATURES)  # the global features and one group's
+
+
+@dataclass(eq=False)
+class Encoding(Settings):
+    """The state encoding the per-step predictors condition on: the ``DynamicsPredictor``'s own setting."""
+
+    owner = "DynamicsPredictor"
+
+    feature_dim: int = setting(
+        64, "length of the encoded training state the per-step predictors condition on", Int(MIN_DIM)
+    )
 
 
 def symlog(x: float) -> float:

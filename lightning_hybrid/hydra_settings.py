@@ -33,9 +33,9 @@ from lightning.pytorch import Trainer
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lightning_hybrid.callbacks import SETTING_OWNERS, hybrid_callbacks
-from lightning_hybrid.callbacks.setting_owners import owned_settings, reads
 from lightning_hybrid.engine import family_of
 from lightning_hybrid.predictors import PREDICTORS
+from lightning_hybrid.setting_owners import owned_settings, reads
 from lightning_hybrid.settings import declared, did_you_mean
 
 _SIMPLE = (int, float, bool, str)

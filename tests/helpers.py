@@ -39,7 +39,7 @@ from lightning_hybrid import (
 )
 from lightning_hybrid.algorithms import DivergenceCheck, ResidualCorrection
 from lightning_hybrid.encoder import StateEncoder
-from lightning_hybrid.engine import Components, HybridEngine, LocalCollectives
+from lightning_hybrid.engine import Components, HybridEngine, TorchCollectives
 from lightning_hybrid.predictors import LinearPredictor, OuterMomentum, Plan
 from lightning_hybrid.summary import format_summary
 
@@ -362,7 +362,7 @@ def bare_engine(config: HybridConfig, predictor: Any, optimizer: torch.optim.Opt
     """An engine bound to ``optimizer`` without a Trainer, with the optimizer hooks the scheduler registers."""
     engine = HybridEngine(config)
     engine.connect(Components(predictor, StateEncoder(), ResidualCorrection(), monitor or DivergenceCheck()))
-    engine.bind(optimizer, LocalCollectives())
+    engine.bind(optimizer, TorchCollectives())
     optimizer.register_step_pre_hook(lambda *_: engine.before_optimizer_step())
     optimizer.register_step_post_hook(lambda opt, *_: engine.after_optimizer_step(opt))
     return engine

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from lightning_hybrid.algorithms import DivergenceCheck
-from lightning_hybrid.engine import LocalCollectives, StepGuard, StepRecord
+from lightning_hybrid.engine import StepGuard, StepRecord, TorchCollectives
 from lightning_hybrid.phase import Phase
 from lightning_hybrid.summary import RunCounters
 
@@ -30,14 +30,14 @@ def _grad_norm(model) -> float:
 
 def test_a_reading_is_the_loss_and_the_gradient_norm():
     model, _, loss = _model_with_grads()
-    reading = StepGuard(LocalCollectives()).read(list(model.parameters()), loss)
+    reading = StepGuard(TorchCollectives()).read(list(model.parameters()), loss)
     assert reading.finite and reading.loss == pytest.approx(float(loss))
     assert reading.grad_norm == pytest.approx(_grad_norm(model), rel=1e-6)
 
 
 def test_a_batch_the_user_skipped_gives_no_reading():
     model = nn.Linear(4, 2)
-    assert StepGuard(LocalCollectives()).read(list(model.parameters()), None) is None
+    assert StepGuard(TorchCollectives()).read(list(model.parameters()), None) is None
 
 
 class _Scaler:
@@ -50,7 +50,7 @@ def test_under_a_gradient_scaler_the_loss_is_unscaled_and_so_are_gradients_still
     """The loss reaches the guard as the scaler scaled it for the backward pass; the gradients are still scaled
     only where the optimizer unscales them in its own step (a fused one), else Lightning unscaled them already."""
     model, _, loss = _model_with_grads()
-    guard = StepGuard(LocalCollectives(), _Scaler(), grads_scaled=scaled)
+    guard = StepGuard(TorchCollectives(), _Scaler(), grads_scaled=scaled)
     assert torch.equal(guard.unscaled(loss * 4.0), loss)  # a power of two: exactly undone
     reading = guard.read(list(model.parameters()), loss)
     assert reading.grad_norm == pytest.approx(_grad_norm(model) / (4.0 if scaled else 1.0), rel=1e-6)
@@ -62,7 +62,7 @@ def _check(loss_scale: float, judge=lambda loss: False, primed: bool = False):
     monitor = DivergenceCheck(grad_outlier_factor=10.0)
     for _ in range(10 if primed else 0):
         monitor.observe(1.0, 1e-6)  # a tiny typical gradient norm: any real one is an outlier
-    step, counters, guard = StepRecord(phase=Phase.FULL, loss_sum=loss), RunCounters(), StepGuard(LocalCollectives())
+    step, counters, guard = StepRecord(phase=Phase.FULL, loss_sum=loss), RunCounters(), StepGuard(TorchCollectives())
     guard.check(step, optimizer, list(model.parameters()), monitor, judge, counters)
     assert all(p.grad is not None for p in model.parameters())  # read, not yet dropped: clipping runs in between
     if step.skipped:
@@ -99,7 +99,7 @@ def test_the_judge_sees_a_non_finite_loss_as_nan():
 @pytest.mark.parametrize("bad", [False, True])
 def test_a_quiet_step_is_guarded_on_the_device_by_a_fused_optimizer(bad):
     model, optimizer, loss = _model_with_grads(math.nan if bad else 1.0, fused=True)
-    guard = StepGuard(LocalCollectives())
+    guard = StepGuard(TorchCollectives())
     assert guard.skips_on_device(optimizer)
     before = [p.detach().clone() for p in model.parameters()]
     step = StepRecord(phase=Phase.FULL, loss_sum=loss, quiet=True)
@@ -114,16 +114,16 @@ def test_a_quiet_step_is_guarded_on_the_device_by_a_fused_optimizer(bad):
 
 def test_an_unfused_optimizer_cannot_be_guarded_on_the_device():
     _, optimizer, _ = _model_with_grads()
-    assert not StepGuard(LocalCollectives()).skips_on_device(optimizer)
+    assert not StepGuard(TorchCollectives()).skips_on_device(optimizer)
 
 
 def test_with_several_ranks_the_measurement_holds_one_whole_norm_whatever_gradients_a_rank_has():
     """Ranks reduce a vector of one length: the loss and the whole norm, also on a rank without gradients (which
     still takes part in the sum over ranks)."""
     model, _, loss = _model_with_grads()
-    guard = StepGuard(LocalCollectives(), world_size=2)
+    guard = StepGuard(TorchCollectives(), world_size=2)
     values = guard._measure([p.grad for p in model.parameters()], loss)
     assert values.shape == (2,) and values[1].item() == pytest.approx(_grad_norm(model), rel=1e-6)
     assert guard._measure([], loss).tolist() == [loss.item(), 0.0]
-    single = StepGuard(LocalCollectives())._measure([p.grad for p in model.parameters()], loss)
+    single = StepGuard(TorchCollectives())._measure([p.grad for p in model.parameters()], loss)
     assert single.shape == (3,)  # one norm per gradient: the whole norm is taken where it is needed

@@ -14,7 +14,7 @@ from torch import nn
 
 from lightning_hybrid import DivergenceMonitor, hybrid_callbacks
 from lightning_hybrid.callbacks.base import PER_BATCH_HOOKS
-from lightning_hybrid.engine import LocalCollectives
+from lightning_hybrid.engine import TorchCollectives
 from lightning_hybrid.engine.guard import StepGuard, loss_and_norm
 from tests.helpers import RegressionModel, hybrid_trainer, loader
 
@@ -78,7 +78,7 @@ def test_a_read_step_measures_the_gradient_norm_the_device_guard_measures(dtype)
     loss.backward()
     owners = list(model.parameters())
     optimizer = torch.optim.SGD(owners, lr=0.1)
-    guard = StepGuard(LocalCollectives())
+    guard = StepGuard(TorchCollectives())
     read = guard.read(owners, loss.detach().float())
     values, skipped = guard.check_on_device(optimizer, owners, loss.detach().float(), math.inf)
     assert (read.loss, read.grad_norm) == loss_and_norm(values.tolist()) and skipped.item() == 0.0

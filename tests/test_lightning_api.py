@@ -43,8 +43,7 @@ def test_clipping_runs_inside_the_closure_the_optimizer_step_is_given(algorithm)
     own = dict(vars(trainer.precision_plugin))
     trainer.fit(RegressionModel(), loader())
     assert trainer.global_step == 30 and vars(trainer.precision_plugin) == own, (
-        f"Lightning {L.__version__} clips outside the closure handed to optimizer.step: see "
-        "callbacks/optimizer_hooks.py"
+        f"Lightning {L.__version__} clips outside the closure handed to optimizer.step: see engine/step_hooks.py"
     )
     assert scheduler_of(trainer).summary()["outlier_steps_skipped"] >= 10
 

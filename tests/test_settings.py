@@ -190,8 +190,8 @@ def test_a_window_set_longer_than_the_cycle_set_with_it_is_refused_before_traini
 
 
 def _every_owner() -> list[type]:
-    from lightning_hybrid.callbacks.setting_owners import SETTING_OWNERS
     from lightning_hybrid.predictors import PREDICTORS
+    from lightning_hybrid.setting_owners import SETTING_OWNERS
 
     return [*SETTING_OWNERS.values(), *PREDICTORS.values()]
 

@@ -14,8 +14,8 @@ from lightning_hybrid.callbacks.monitor import DivergenceMonitor
 from lightning_hybrid.callbacks.predictor import DynamicsPredictor
 from lightning_hybrid.callbacks.progress import HybridProgressBar
 from lightning_hybrid.callbacks.scheduler import HybridScheduler
-from lightning_hybrid.callbacks.setting_owners import SETTING_OWNERS
 from lightning_hybrid.predictors import AnyPredictor
+from lightning_hybrid.setting_owners import SETTING_OWNERS
 from lightning_hybrid.settings import check_optional_bool
 
 

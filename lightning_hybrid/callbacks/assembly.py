@@ -14,7 +14,6 @@ from lightning_hybrid.callbacks.base import HybridComponent
 from lightning_hybrid.callbacks.corrector import ResidualCorrector
 from lightning_hybrid.callbacks.monitor import DivergenceMonitor
 from lightning_hybrid.callbacks.predictor import DynamicsPredictor
-from lightning_hybrid.callbacks.setting_owners import DEFAULT_RULE, by_owner, ignored_message
 from lightning_hybrid.callbacks.wiring import (
     check_strategy,
     find_component,
@@ -26,6 +25,7 @@ from lightning_hybrid.callbacks.wiring import (
 from lightning_hybrid.config import HybridConfig
 from lightning_hybrid.engine import Components, family_of
 from lightning_hybrid.lightning_packages import MisconfigurationException
+from lightning_hybrid.setting_owners import DEFAULT_RULE, by_owner, ignored_message
 from lightning_hybrid.settings import check_optional_bool
 
 

@@ -2,30 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from typing_extensions import Unpack
 
 from lightning_hybrid.callbacks.base import HybridComponent
-from lightning_hybrid.encoder import MIN_DIM, StateEncoder
+from lightning_hybrid.encoder import Encoding, StateEncoder
 from lightning_hybrid.predictors import PREDICTORS, AnyPredictor, Predictor, TrajectoryRule, build_predictor
-from lightning_hybrid.settings import Int, Settings, setting, settings_dict
+from lightning_hybrid.settings import settings_dict
 
 RETIRED = ("average", "search")  # predictors of earlier checkpoints that measured no gain and left the package
-
-
-@dataclass(eq=False)
-class Encoding(Settings):
-    """The state encoding the per-step predictors condition on: the ``DynamicsPredictor``'s own setting."""
-
-    owner = "DynamicsPredictor"
-
-    feature_dim: int = setting(
-        64, "length of the encoded training state the per-step predictors condition on", Int(MIN_DIM)
-    )
-
-
 EncodingSettings = settings_dict("EncodingSettings", Encoding)
 
 

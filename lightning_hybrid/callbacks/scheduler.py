@@ -1,7 +1,7 @@
 """HybridScheduler: the plugin in one callback, running the :class:`~lightning_hybrid.engine.HybridEngine` inside
 ``fit`` from Lightning's hooks alone beside any strategy: a step's loss from ``on_before_backward``, its guard from
 ``on_before_optimizer_step`` (before clipping and the update), its end from ``on_train_batch_end``, torch's step
-hooks for the rest (:mod:`~.optimizer_hooks`). It holds its components, logs its scalars and checkpoints its state,
+hooks for the rest (``engine/step_hooks.py``). It holds its components, logs its scalars and checkpoints its state,
 so a resumed run continues exactly; a hybrid strategy also hands it the per-step mode's predicted steps."""
 
 from __future__ import annotations
@@ -18,15 +18,14 @@ from lightning_hybrid.callbacks.evaluated_weights import write_weights
 from lightning_hybrid.callbacks.held_components import COMPONENTS, gather, held, held_states, load_held
 from lightning_hybrid.callbacks.messages import info, warn
 from lightning_hybrid.callbacks.monitor import DivergenceMonitor
-from lightning_hybrid.callbacks.optimizer_hooks import OptimizerHooks
 from lightning_hybrid.callbacks.predictor import DynamicsPredictor
 from lightning_hybrid.callbacks.progress import show_progress
 from lightning_hybrid.callbacks.ranks import TrainerCollectives
 from lightning_hybrid.callbacks.resumable import say_unresumable
 from lightning_hybrid.callbacks.scalars import log_step, log_unverified, logging_step, write_summary
-from lightning_hybrid.callbacks.setting_owners import DEFAULT_RULE, SchedulerSettings
 from lightning_hybrid.callbacks.sharded_state import stow, unstow
 from lightning_hybrid.callbacks.wiring import (
+    fit_runs,
     last_step,
     refuse_optimizers,
     refuse_sparse_gradients,
@@ -36,8 +35,10 @@ from lightning_hybrid.callbacks.wiring import (
 from lightning_hybrid.config import HybridConfig
 from lightning_hybrid.engine import HybridEngine, OptimizerSet
 from lightning_hybrid.engine.state import migrate_v1
+from lightning_hybrid.engine.step_hooks import StepHooks
 from lightning_hybrid.phase import Phase
 from lightning_hybrid.predictors import AnyPredictor
+from lightning_hybrid.setting_owners import DEFAULT_RULE, SchedulerSettings
 from lightning_hybrid.step_routing import StepRouting
 from lightning_hybrid.summary import RunCounters, format_summary
 from lightning_hybrid.tensorboard import write_layout
@@ -92,7 +93,7 @@ class HybridScheduler(HybridComponent):
         self._listed: list[HybridComponent] = []  # this fit's components the user listed (Lightning holds their state)
         self._sharded = False  # the last fit's parameters were FSDP2 shards: the state is saved per rank
         self._routing: StepRouting | None = None  # the hybrid strategy handing over predicted steps, during a fit
-        self._hooks = OptimizerHooks(self.engine)  # torch's step hooks on this fit's optimizers
+        self._hooks = StepHooks(self.engine)  # torch's step hooks on this fit's optimizers
         self._in_step = False
         self._per_batch, self._seen = 1, 0  # optimizers stepping each batch; the global step last seen
         # this fit said that a checkpoint holds unverified weights, that one will not resume exactly; it trains at all
@@ -152,7 +153,7 @@ class HybridScheduler(HybridComponent):
             global_step=start, world_size=trainer.world_size, buffers=list(pl_module.buffers()), last_step=end,
             logs=bool(trainer.loggers),
         )  # fmt: skip
-        self._hooks.attach(optimizers, trainer.state)
+        self._hooks.attach(optimizers, fit_runs(trainer.state, self.engine))
         write_layout(trainer, self.engine.family.mode)
         if (without := what_it_goes_without(trainer)) is not None:
             warn(without)

@@ -6,18 +6,20 @@ share exactly)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from lightning_utilities.core.rank_zero import rank_zero_info, rank_zero_warn
-from torch import nn
 
 from lightning_hybrid.callbacks.base import HybridComponent
 from lightning_hybrid.callbacks.corrector import ResidualCorrector
-from lightning_hybrid.callbacks.setting_owners import changed_from_default, ignored, ignored_message, mode_of
 from lightning_hybrid.config import HybridConfig
 from lightning_hybrid.engine import PredictionFamily
+from lightning_hybrid.engine.store import refuse_sparse
 from lightning_hybrid.lightning_packages import MisconfigurationException, classes, module
 from lightning_hybrid.samplers import one_permutation
+from lightning_hybrid.setting_owners import changed_from_default, ignored, ignored_message, mode_of
 from lightning_hybrid.step_routing import StepRouting
 
 # strategies the plugin cannot serve, and why (said at setup, before training)
@@ -92,17 +94,10 @@ def refuse_optimizers(optimizers: list[Any], family: type[PredictionFamily], pre
 
 
 def refuse_sparse_gradients(module: Any) -> None:
-    """The engine's fused norms and update capture need dense gradients."""
-    sparse = [
-        f"{name}.weight" if name else "weight"
-        for name, m in module.named_modules()
-        if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse
-    ]
-    if sparse:
-        raise MisconfigurationException(
-            f"Hybrid training needs dense gradients, but {sparse} would get sparse ones (`sparse=True` on the "
-            "embedding). Build the embedding with sparse=False, or train this model without the hybrid callbacks."
-        )
+    try:
+        refuse_sparse(module)
+    except ValueError as err:
+        raise MisconfigurationException(str(err)) from err
 
 
 def refuse_untrainable(module: Any) -> None:
@@ -111,6 +106,16 @@ def refuse_untrainable(module: Any) -> None:
             f"{type(module).__name__} has no trainable parameters (none with requires_grad=True); "
             "hybrid training needs at least one."
         )
+
+
+def fit_runs(state: Any, engine: Any) -> Callable[[], bool]:
+    """Whether the fit started now still runs (its status the one it has now, compared by identity: Lightning's
+    enums compare strings, lowercased, twice a step) with the engine bound: when the step hooks act."""
+    return partial(_still_running, state, state.status, engine)
+
+
+def _still_running(state: Any, running: Any, engine: Any) -> bool:
+    return state.status is running and engine.bound
 
 
 def last_step(trainer: Any) -> int | None:

@@ -1,8 +1,8 @@
 """The two small contracts between the engine and what runs it, defined below both so neither imports the other.
 
-A hybrid strategy hands each predicted step to a :class:`StepHandler` (a loop without Lightning, every step); the
-engine asks for the collective and shard operations of :class:`Collectives`, which the scheduler builds from the
-Trainer's strategy. The strategy knows only these protocols, and the engine knows neither.
+A hybrid strategy hands each predicted step to a :class:`StepHandler`; the engine asks for the collective and shard
+operations of :class:`Collectives` (:mod:`~.collectives`: torch's, and the scheduler's from the Trainer's strategy).
+The strategy knows only these protocols, and the engine knows neither.
 """
 
 from __future__ import annotations
@@ -61,24 +61,3 @@ class Collectives(Protocol):
 
     def parameters_changed(self) -> None:
         """The engine changed parameters in place outside an optimizer step."""
-
-
-class LocalCollectives:
-    """:class:`Collectives` of a single process: what the engine uses when it runs without a Trainer."""
-
-    sharded = False
-
-    def __init__(self, device: torch.device | str = "cpu") -> None:
-        self.root_device = torch.device(device)
-
-    def local_tensor(self, tensor: Tensor) -> Tensor:
-        return tensor
-
-    def sum_across_ranks(self, tensor: Tensor) -> Tensor:
-        return tensor
-
-    def reduce(self, tensor: Tensor, group: Any = None, reduce_op: str | None = "mean") -> Tensor:
-        return tensor
-
-    def parameters_changed(self) -> None:
-        pass

@@ -19,6 +19,20 @@ def copy_(dst: list[Tensor], src: Sequence[Tensor]) -> None:
         torch._foreach_copy_(dst, list(src))
 
 
+def refuse_sparse(module: torch.nn.Module) -> None:
+    """The store's fused norms and update capture need dense gradients: a sparse embedding is refused by name."""
+    sparse = [
+        f"{name}.weight" if name else "weight"
+        for name, m in module.named_modules()
+        if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse
+    ]
+    if sparse:
+        raise ValueError(
+            f"Hybrid training needs dense gradients, but {sparse} would get sparse ones (`sparse=True` on the "
+            "embedding). Build the embedding with sparse=False, or train this model without the plugin."
+        )
+
+
 def trainable_signature(optimizer: Optimizer) -> list[list[int]]:
     """Which parameters the optimizer trains now, by group (identities of those that require grad)."""
     return [[id(p) for p in group["params"] if p.requires_grad] for group in optimizer.param_groups]

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from lightning_hybrid.algorithms import DivergenceCheck, LinUCBHorizons, ResidualCorrection
-from lightning_hybrid.callbacks.predictor import Encoding
 from lightning_hybrid.config import HybridConfig
+from lightning_hybrid.encoder import Encoding
 from lightning_hybrid.engine import FAMILIES, PredictionFamily, family_of
 from lightning_hybrid.predictors import PREDICTORS, OuterMomentum, Predictor, TrajectoryRule
 from lightning_hybrid.settings import check_choice, declared, did_you_mean, setting_names, settings_dict
