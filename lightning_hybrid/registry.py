@@ -1,6 +1,6 @@
 """Strategy names for ``Trainer(strategy=...)``: ``"hybrid"``, ``"hybrid_ddp"``, ``"hybrid_fsdp"`` and its plain parent
-``"plain_fsdp"``, registered
-with Lightning's ``StrategyRegistry`` when ``lightning_hybrid`` is imported."""
+``"plain_fsdp"``, registered with Lightning's ``StrategyRegistry`` as the plugin's callbacks are imported (the
+per-step mode these strategies run needs them, so any run that names one has imported them)."""
 
 from __future__ import annotations
 

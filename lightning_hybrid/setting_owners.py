@@ -171,3 +171,28 @@ def _unknown(caller: str, name: str, predictor: str | Any, known: dict[str, list
         return f"{caller}: `{name}` is a setting of {kind}; with an instance, set it there: {kind}({name}=...)"
     accepted = ["predictor", "bandit", *(n for names in known.values() for n in names)]
     return unknown_setting(caller, name, accepted)
+
+
+def short_fit(
+    family: type[PredictionFamily], config: HybridConfig, predictor: Any, start: int, end: int | None, afresh: bool
+) -> tuple[str | None, str | None]:
+    """What to say before a run that ends before its mode can have made and judged a prediction (it trains plainly:
+    a ``max_steps`` below ``warmup_steps``, say), and, where the plugin starts at ``start`` with no state of its own
+    (``afresh``: a plain run's checkpoint resumed), that its warm-up counts from there: ``(info, warning)``."""
+    first = (start if afresh else 0) + family.first_judged_step(config, predictor)
+    resumed = None
+    if afresh:
+        resumed = (
+            f"hybrid: this fit resumes at step {start} from a checkpoint without the plugin's state (a plain run's): "
+            f"the plugin starts there, its warm-up (warmup_steps={config.warmup_steps}) counted from step {start}; "
+            f"its first prediction can be made and judged by step {first}"
+            + ("." if end is None else f", and this fit ends at step {end}.")
+        )
+    if end is None or end >= first or start >= first or not config.enable_prediction:
+        return resumed, None
+    return resumed, (
+        f"hybrid: this fit ends at step {end}, before step {first}, the first by which {mode_of(family)} can have "
+        f"made and judged a prediction (warmup_steps={config.warmup_steps}, full_steps={config.full_steps}"
+        + (f", counted from step {start}" if afresh else "")
+        + "): the whole fit is plain training with the plugin's checks. Lower warmup_steps or train longer."
+    )

@@ -482,12 +482,16 @@ def console(*argv: str) -> int | str | None:
 # -------------------------------------------------------------------------------------------------------- DDP ranks
 
 
+LAUNCHED = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE", "RANK", "GLOBAL_RANK")
+
+
 def script_env(**extra: str) -> dict[str, str]:
     """The environment of a suite script run in a process of its own: this one's, one torch thread, the checkout
     importable, ``extra`` on top. Lightning's ``seed_everything`` in this process (the app, the harness) leaves
-    ``PL_GLOBAL_SEED`` and ``PL_SEED_WORKERS`` behind; the script must not inherit them, or its runs depend on test
-    order."""
-    here = {k: v for k, v in os.environ.items() if not k.startswith("PL_")}
+    ``PL_GLOBAL_SEED`` and ``PL_SEED_WORKERS`` behind, and its subprocess launcher a rank's ``LOCAL_RANK``,
+    ``WORLD_SIZE`` and master address (with which a script's own launcher would take itself for a launched rank and
+    wait for the others); the script inherits none of them, or its runs depend on test order."""
+    here = {k: v for k, v in os.environ.items() if not k.startswith("PL_") and k not in LAUNCHED}
     return here | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)} | extra
 
 

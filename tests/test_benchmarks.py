@@ -276,7 +276,8 @@ def test_the_extrapolation_tasks_compose(tmp_path, task, schedule, layers, width
 
 
 def test_warmup_stable_decay_holds_the_peak_then_decays_over_the_last_fifth():
-    from lightning_hybrid.demos.char_gpt import CharGPT, lr_factor
+    from lightning_hybrid.demos.char_gpt import CharGPT
+    from lightning_hybrid.demos.gpt import lr_factor
 
     factors = [lr_factor("wsd", 50, 1000, 0.2, step) for step in range(1000)]
     assert factors[49] == 1.0 and set(factors[50:800]) == {1.0}

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_hybrid.demos.char_gpt import byte_ids, stdlib_corpus
 from lightning_hybrid.demos.digits_cnn import DigitsData
+from lightning_hybrid.demos.gpt import byte_ids, stdlib_corpus
 from lightning_hybrid.demos.splits import TokenWindows
 from lightning_hybrid.demos.word_lstm import PydocWords, pydoc_words
 

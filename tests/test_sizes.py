@@ -4,7 +4,8 @@ new user needs first (the rest lives in docs/)."""
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTIONS = ("## Quick start", "## Use it in your own Trainer", "## LightningCLI", "## The training app (Hydra)")
+SECTIONS = ("## Quick start", "## Use it in your own Trainer", "## In a Fabric or plain PyTorch loop")
+SECTIONS += ("## LightningCLI", "## The training app (Hydra)")
 SECTIONS += ("## What to expect at your scale", "## Limitations", "## Documentation")
 
 

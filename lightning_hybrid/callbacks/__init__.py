@@ -14,9 +14,15 @@ from lightning_hybrid.callbacks.monitor import DivergenceMonitor
 from lightning_hybrid.callbacks.predictor import DynamicsPredictor
 from lightning_hybrid.callbacks.progress import HybridProgressBar
 from lightning_hybrid.callbacks.scheduler import HybridScheduler
+from lightning_hybrid.lightning_packages import HAS_LIGHTNING
 from lightning_hybrid.predictors import AnyPredictor
 from lightning_hybrid.setting_owners import SETTING_OWNERS
 from lightning_hybrid.settings import check_optional_bool
+
+if HAS_LIGHTNING:  # the per-step mode's strategies, by name for Trainer(strategy=...), as the callbacks are imported
+    from lightning_hybrid.registry import register_strategies
+
+    register_strategies()
 
 
 def hybrid_callbacks(

@@ -19,7 +19,7 @@ from lightning_hybrid.engine import PredictionFamily
 from lightning_hybrid.engine.store import refuse_sparse
 from lightning_hybrid.lightning_packages import MisconfigurationException, classes, module
 from lightning_hybrid.samplers import one_permutation
-from lightning_hybrid.setting_owners import changed_from_default, ignored, ignored_message, mode_of
+from lightning_hybrid.setting_owners import changed_from_default, ignored, ignored_message, short_fit
 from lightning_hybrid.step_routing import StepRouting
 
 # strategies the plugin cannot serve, and why (said at setup, before training)
@@ -154,25 +154,11 @@ def warn_ignored(
 def warn_short_fit(
     family: type[PredictionFamily], config: HybridConfig, predictor: Any, start: int, end: int | None, afresh: bool
 ) -> None:
-    """A fit that ends before its mode can have made and judged a prediction trains as plain Lightning: say so
-    before it trains (a ``max_steps`` below ``warmup_steps``, say). ``afresh``: the plugin starts at ``start`` with
-    no state of its own (a plain run's checkpoint resumed), so its warm-up counts from there, and that is said."""
-    first = (start if afresh else 0) + family.first_judged_step(config, predictor)
-    if afresh:
-        rank_zero_info(
-            f"hybrid: this fit resumes at step {start} from a checkpoint without the plugin's state (a plain run's): "
-            f"the plugin starts there, its warm-up (warmup_steps={config.warmup_steps}) counted from step {start}; "
-            f"its first prediction can be made and judged by step {first}"
-            + ("." if end is None else f", and this fit ends at step {end}.")
-        )
-    if end is None or end >= first or start >= first or not config.enable_prediction:
-        return
-    rank_zero_warn(
-        f"hybrid: this fit ends at step {end}, before step {first}, the first by which {mode_of(family)} can have "
-        f"made and judged a prediction (warmup_steps={config.warmup_steps}, full_steps={config.full_steps}"
-        + (f", counted from step {start}" if afresh else "")
-        + "): the whole fit is plain training with the plugin's checks. Lower warmup_steps or train longer."
-    )
+    resumed, short = short_fit(family, config, predictor, start, end, afresh)
+    if resumed:
+        rank_zero_info(resumed)
+    if short:
+        rank_zero_warn(short)
 
 
 def used_corrector(trainer: Any, family: type[PredictionFamily], predictor: str, own: Any) -> Any:

@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from lightning_hybrid.demos.char_gpt import CharGPT, byte_ids, stdlib_corpus
+from lightning_hybrid.demos.char_gpt import CharGPT
+from lightning_hybrid.demos.gpt import byte_ids, stdlib_corpus
 from lightning_hybrid.demos.splits import SplitData, TokenWindows
 from lightning_hybrid.settings import check_choice, check_int
 

@@ -11,7 +11,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from lightning_hybrid.demos.char_gpt import CharGPT, lr_factor
+from lightning_hybrid.demos.char_gpt import CharGPT
+from lightning_hybrid.demos.gpt import lr_factor
 
 
 class MuonGPT(CharGPT):

@@ -3,7 +3,8 @@ or back off), :mod:`~.guard` (read and guard an ordinary step), :mod:`~.store` (
 cycle) and :mod:`~.record` (counts); prediction around the steps is the :class:`~.family.PredictionFamily`'s. It owns
 no Lightning object: the scheduler calls it from Lightning's hooks (an ordinary step's loss from
 ``on_before_backward``, its guard from ``on_before_optimizer_step``), a hybrid strategy hands it the predicted steps
-(:class:`~.step_route.StepRoute`), and a loop without Lightning routes every step through that same route."""
+(:class:`~.step_route.StepRoute`), and a loop of one's own (:class:`~lightning_hybrid.loop.HybridLoop`) makes the
+same calls from torch's optimizer hooks and its ``record_loss``."""
 
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ class HybridEngine:
         self.logs = True  # the step's scalars are logged: readings that only they show are worth taking
         self.decided = False  # the step just ended brought a decision (a cycle's end): what the bar shows changed
         self.info, self._warn = info, warn
-        self.route = StepRoute(self)  # the StepHandler a hybrid strategy, or a loop without Lightning, routes through
+        self.route = StepRoute(self)  # the StepHandler a hybrid strategy routes its predicted steps through
 
     # -- wiring --------------------------------------------------------------------------------------------------
     @property

@@ -1,7 +1,6 @@
 """A step routed through the engine whole, as a :class:`~.interface.StepHandler`: a hybrid strategy's predicted steps
-(no backward pass, the update the family's), and every step of a loop without Lightning's hooks to call the engine
-from. An ordinary step goes through the calls Lightning's hooks make: the loss recorded, the step guarded after its
-backward pass, a skipped update dropped."""
+(no backward pass, the update the family's). An ordinary step, in a Trainer or a loop of one's own, goes through the
+engine's calls instead: the loss recorded, the step guarded after its backward pass, a skipped update dropped."""
 
 from __future__ import annotations
 

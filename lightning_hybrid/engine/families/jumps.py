@@ -103,7 +103,7 @@ class OuterJumps(JumpReport, PredictionFamily):
             self._jump()
         if step.phase is Phase.FULL and not step.backed_off and not state.started:
             copy_(store.buffer, store.params)
-            state.started, state.cycle_lrs = True, store.lrs()
+            state.started = True
         return not state.first_check
 
     def judge(self, loss: float) -> bool:
@@ -119,7 +119,10 @@ class OuterJumps(JumpReport, PredictionFamily):
         return True
 
     def learn(self, step: StepRecord, global_step: int, lrs: list[float], seconds: float, tracked: Any) -> float:
-        """An ordinary step's loss feeds the divergence statistics and the verification window."""
+        """An ordinary step's loss feeds the divergence statistics and the verification window. The first cycle's
+        learning rates are its first step's, as the step ends (where both doors see the same ones)."""
+        if self.state.started and self.state.cycle_lrs is None:
+            self.state.cycle_lrs = lrs
         if step.phase.ordinary and not step.skipped and math.isfinite(step.loss):
             self.engine.parts.monitor.observe(step.loss, step.grad_norm)
             if self.state.started and step.phase is Phase.FULL:
