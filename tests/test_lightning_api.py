@@ -87,3 +87,19 @@ def test_the_callback_metrics_are_one_dict_that_keeps_what_is_put_in_it():
     trainer.callback_metrics["hybrid/probe"] = torch.tensor(1.0)
     kept = trainer.callback_metrics is trainer.callback_metrics and "hybrid/probe" in trainer.callback_metrics
     assert kept, f"Lightning {L.__version__}'s callback_metrics no longer keep what is put in: see callbacks/scalars.py"
+
+
+def test_fabrics_optimizer_wrapper_holds_the_strategy_whose_precision_has_the_scaler():
+    """``HybridLoop`` refuses a gradient scaler, which skips whole steps its hooks would not see end; it finds it
+    through the strategy Fabric's optimizer wrapper keeps."""
+    from lightning.fabric.plugins import MixedPrecision
+
+    scaled = MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))
+    fabric = L.Fabric(accelerator="cpu", devices=1, plugins=[scaled])
+    model = torch.nn.Linear(2, 2)
+    _, optimizer = fabric.setup(model, torch.optim.SGD(model.parameters()))
+    precision = getattr(getattr(optimizer, "_strategy", None), "precision", None)
+    assert precision is fabric.strategy.precision and precision.scaler is not None, (
+        f"Lightning {L.__version__}'s Fabric optimizer no longer keeps its strategy as `_strategy`: "
+        "loop.py's _refuse_gradient_scaler must find the scaler another way"
+    )
