@@ -12,13 +12,10 @@ and loads the optimizer (``fabric.save``/``fabric.load``, ``torch.save``) resume
 
 from __future__ import annotations
 
-import io
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import torch
-import torch.distributed as dist
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
@@ -26,13 +23,12 @@ from lightning_hybrid.algorithms import DivergenceCheck, LinUCBHorizons, Residua
 from lightning_hybrid.config import HybridConfig
 from lightning_hybrid.encoder import Encoding, StateEncoder
 from lightning_hybrid.engine import Components, HybridEngine, OptimizerSet, TorchCollectives
+from lightning_hybrid.engine.rank_blobs import SLOT, from_blob, rank_key, to_blob
 from lightning_hybrid.engine.step_hooks import StepHooks
 from lightning_hybrid.engine.store import refuse_sparse
 from lightning_hybrid.predictors import AnyPredictor, build_predictor
 from lightning_hybrid.setting_owners import DEFAULT_RULE, by_owner, ignored_message, short_fit
 from lightning_hybrid.summary import format_summary
-
-RIDE = "lightning_hybrid"  # the key of the first parameter's optimizer state that carries the plugin's
 
 
 class HybridLoop:
@@ -67,10 +63,10 @@ class HybridLoop:
                 "own forward and backward: it runs in a Trainer with a hybrid strategy. In a loop: 'outer' or 'gpa'."
             )
         self.model, self.max_steps, self.log, self.every, self._said = model, max_steps, log, log_every_n_steps, say
+        self.collectives = TorchCollectives(model)
         config, parts = _built(predictor, owners.owners)
         if owners.unread:
             self._warn(ignored_message(owners.family, parts.predictor.name, owners.unread))
-        self.collectives = TorchCollectives(model)
         owners.family.check(config, parts, self.collectives.sharded)
         self.engine = HybridEngine(config, info=self._say, warn=self._warn)
         self.engine.connect(parts)
@@ -83,7 +79,7 @@ class HybridLoop:
         first.register_state_dict_post_hook(self._ride)
         first.register_load_state_dict_pre_hook(self._take)
         first.register_load_state_dict_post_hook(self._arrived)
-        if RIDE in first.state.get(_first_parameter(first), {}):  # torch has cast it as the optimizer's own state
+        if SLOT in first.state.get(_first_parameter(first), {}):  # torch has cast it as the optimizer's own state
             raise ValueError(
                 "HybridLoop: the optimizer's state was loaded before the plugin was built, so torch read the plugin's "
                 "state inside it as the optimizer's own; build HybridLoop first, then load the checkpoint (as "
@@ -202,17 +198,14 @@ class HybridLoop:
         index = state["param_groups"][0]["params"][0]
         mine: Any = self.state_dict()
         if self.collectives.sharded:
-            blob = io.BytesIO()
-            torch.save(mine, blob)
-            blob.seek(0)
-            mine = {f"rank{dist.get_rank()}": blob}
-        state["state"] = {**state["state"], index: {**state["state"].get(index, {}), RIDE: mine}}
+            mine = to_blob(mine, self.collectives.rank)
+        state["state"] = {**state["state"], index: {**state["state"].get(index, {}), SLOT: mine}}
         return state
 
     def _take(self, optimizer: Optimizer, state: dict[str, Any]) -> dict[str, Any]:
         index = state["param_groups"][0]["params"][0]
         entry = dict(state["state"].get(index, {}))
-        carried = entry.pop(RIDE, None)
+        carried = entry.pop(SLOT, None)
         if carried is None:
             return state
         self._arriving = self._mine(carried)
@@ -228,17 +221,15 @@ class HybridLoop:
         """This rank's state from what the optimizer's entry carried (a blob per rank where sharded)."""
         if not self.collectives.sharded:
             return carried
-        blob = carried[f"rank{dist.get_rank()}"]
-        blob.seek(0)
-        return torch.load(blob, map_location="cpu", weights_only=True)
+        return from_blob(carried[rank_key(self.collectives.rank)], "the optimizer's state")
 
     # -- messages --------------------------------------------------------------------------------------------------
     def _say(self, message: str) -> None:
-        if _rank() == 0:
+        if self.collectives.rank == 0:
             self._said(message)
 
     def _warn(self, message: str) -> None:
-        if _rank() == 0:
+        if self.collectives.rank == 0:
             warnings.warn(message, stacklevel=3)
 
 
@@ -283,7 +274,3 @@ def _refuse_gradient_scaler(optimizer: Any) -> None:
 def _first_parameter(optimizer: Optimizer) -> Tensor | None:  # the entry the plugin's state rides in
     params = optimizer.param_groups[0]["params"] if optimizer.param_groups else []
     return params[0] if params else None
-
-
-def _rank() -> int:
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0

@@ -9,14 +9,12 @@ them in a file per rank beside the shards, read as they are."""
 from __future__ import annotations
 
 import io
-import pickle
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import torch
+from lightning_hybrid.engine.rank_blobs import SLOT, from_blob, rank_key, to_blob
 
-SLOT = "lightning_hybrid"  # the first optimizer's entry that holds the ranks' blobs
 PER_RANK = "per_rank"  # rank 0's marker among the callbacks: the state is this rank's blob
 OLD_FILE = "hybrid_callbacks_rank{rank}.pt"  # where hybrid_fsdp kept them before
 
@@ -29,10 +27,7 @@ def stow(checkpoint: dict[str, Any], keys: Iterable[str], rank: int, kept: Itera
     if not states or not optimizers:
         return
     mine = {key: states[key] for key in keys if key in states}
-    blob = io.BytesIO()
-    torch.save(mine, blob)
-    blob.seek(0)
-    optimizers[0][SLOT] = {f"rank{rank}": blob}
+    optimizers[0][SLOT] = to_blob(mine, rank)
     for key, state in mine.items():
         states[key] = {PER_RANK: True, **{name: state[name] for name in kept if name in state}}
 
@@ -46,15 +41,15 @@ def unstow(checkpoint: dict[str, Any], path: Any, rank: int) -> None:
         return
     old = folder / OLD_FILE.format(rank=rank)
     if old.is_file():
-        states.update(_read(old, old))
+        states.update(from_blob(old, old))
     elif any(isinstance(state, dict) and state.get(PER_RANK) for state in states.values()):
-        states.update(_read(_blob(folder, rank), folder))
+        states.update(from_blob(_blob(folder, rank), folder))
 
 
 def _blob(folder: Path, rank: int) -> io.BytesIO:
     from torch.distributed.checkpoint import FileSystemReader, load
 
-    key = f"rank{rank}"
+    key = rank_key(rank)
     if f"optimizer_0.{SLOT}.{key}" not in FileSystemReader(folder).read_metadata().state_dict_metadata:
         raise RuntimeError(
             f"Cannot resume the hybrid callbacks of rank {rank} from {folder}: it holds no state of that rank. Their "
@@ -62,17 +57,4 @@ def _blob(folder: Path, rank: int) -> io.BytesIO:
         )
     slot = {"optimizer_0": {SLOT: {key: io.BytesIO()}}}
     load(slot, checkpoint_id=folder, no_dist=True)
-    blob = slot["optimizer_0"][SLOT][key]
-    blob.seek(0)
-    return blob
-
-
-def _read(source: Any, where: Path) -> dict[str, Any]:
-    try:  # tensors, numbers, strings and containers only: a tampered blob's pickled objects are never run
-        return torch.load(source, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
-        raise RuntimeError(
-            f"Refusing to load the hybrid callbacks' state from {where}: it holds objects other than tensors and "
-            f"plain data, which their state never contains; the checkpoint may have been tampered with "
-            f"({str(err).splitlines()[0]})"
-        ) from err
+    return slot["optimizer_0"][SLOT][key]

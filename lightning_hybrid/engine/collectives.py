@@ -28,7 +28,11 @@ class TorchCollectives:
 
     @property
     def world_size(self) -> int:
-        return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        return dist.get_world_size() if _distributed() else 1
+
+    @property
+    def rank(self) -> int:
+        return dist.get_rank() if _distributed() else 0
 
     def local_tensor(self, tensor: Tensor) -> Tensor:
         return tensor.to_local() if isinstance(tensor, DTensor) else tensor
@@ -50,6 +54,10 @@ class TorchCollectives:
             for module in _modules(self.modules):
                 if isinstance(module, FSDPModule):
                     module.reshard()
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
 
 
 def _modules(roots: Iterable[torch.nn.Module]) -> Iterable[torch.nn.Module]:
